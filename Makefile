@@ -1,0 +1,82 @@
+# delayq: `make run` starts the server (with a managed redis-server when
+# DELAYQ_REDIS_URL is unset); `make test` installs what is missing and runs
+# every suite. CI calls `make test` through .ci/run.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV ?= .venv
+PY := $(abspath $(VENV))/bin/python
+STAMP := $(VENV)/.deps-stamp
+PROTO_FILES := $(wildcard proto/delayq/v1/*.proto)
+PY_GEN_DIR := clients/python
+
+# Suites appended by mk/*.mk fragments (Go, TypeScript, grpcurl, bench ...).
+TEST_TARGETS := test-py
+LINT_TARGETS := lint-py
+
+.PHONY: help deps system-deps run test test-py lint lint-py proto proto-py proto-check check-generated bench bench-lateness clean
+
+help:
+	@echo "make run          start delayq on 127.0.0.1:50051 (managed redis unless DELAYQ_REDIS_URL is set)"
+	@echo "make test         install what is missing, start Redis, run every suite"
+	@echo "make lint         ruff + mypy --strict"
+	@echo "make proto        regenerate code from proto/"
+	@echo "make proto-check  fail when generated code drifts from proto/"
+	@echo "make bench        benchmarks (see bench/README.md)"
+
+# Debian packages the suites need; installed only when missing.
+system-deps:
+	@if ! command -v redis-server >/dev/null; then \
+	  echo "installing redis-server (Debian package)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null; \
+	  systemctl disable --now redis-server >/dev/null 2>&1 || true; \
+	fi
+
+$(STAMP): requirements-dev.txt server/pyproject.toml clients/python/pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements-dev.txt -e clients/python -e server
+	touch $@
+
+deps: system-deps $(STAMP)
+
+run: deps
+	$(PY) -m delayq_server $(RUN_ARGS)
+
+test: deps
+	@$(MAKE) --no-print-directory $(TEST_TARGETS)
+
+test-py: deps
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+lint: deps
+	@$(MAKE) --no-print-directory $(LINT_TARGETS)
+
+lint-py: deps
+	$(PY) -m ruff check server clients/python tests bench scripts
+	$(PY) -m ruff format --check server clients/python tests bench scripts
+	$(PY) -m mypy server/delayq_server clients/python/delayq tests
+
+proto: proto-py
+
+proto-py: $(STAMP)
+	$(PY) -m grpc_tools.protoc -Iproto \
+	  --python_out=$(PY_GEN_DIR) --grpc_python_out=$(PY_GEN_DIR) \
+	  --plugin=protoc-gen-mypy=$(abspath $(VENV))/bin/protoc-gen-mypy \
+	  --plugin=protoc-gen-mypy_grpc=$(abspath $(VENV))/bin/protoc-gen-mypy_grpc \
+	  --mypy_out=$(PY_GEN_DIR) --mypy_grpc_out=$(PY_GEN_DIR) \
+	  $(PROTO_FILES)
+
+# Regenerates everything and fails when the committed files change.
+proto-check: proto
+	@git diff --exit-code --stat -- clients || (echo "generated code drifted from proto/: run 'make proto' and commit" >&2; exit 1)
+
+bench-lateness: deps
+	$(PY) -m bench.lateness $(BENCH_ARGS)
+
+bench: bench-lateness
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .run
+
+-include mk/*.mk
