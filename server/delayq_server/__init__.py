@@ -1,0 +1,1 @@
+"""delayq server: a delayed job queue over gRPC, stored in Redis."""

@@ -1,0 +1,58 @@
+"""Entry point: `python -m delayq_server` (or the `delayq-server` script)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+from delayq_server import config
+from delayq_server.app import App
+from delayq_server.managed_redis import ManagedRedis
+
+log = logging.getLogger("delayq")
+
+
+async def serve(cfg: config.Config, redis_url: str) -> None:
+    app = App(cfg, redis_url)
+    port = await app.start()
+    host = cfg.listen.rsplit(":", 1)[0]
+    # Tests and scripts wait for this exact line.
+    print(f"delayq: listening on {host}:{port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down (grace %.1fs)", cfg.grace_ms / 1000)
+    await app.stop()
+    log.info("stopped")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    cfg = config.load(argv)
+    logging.basicConfig(
+        level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    managed: ManagedRedis | None = None
+    url = cfg.redis_url
+    if url is None:
+        managed = ManagedRedis(cfg.data_dir, port=0).start()
+        url = managed.url
+        log.info("started managed redis-server at %s (data in %s)", url, cfg.data_dir)
+    try:
+        import uvloop
+
+        uvloop.run(serve(cfg, url))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if managed is not None:
+            managed.stop()
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""Wiring: Redis client, store, timers, dispatcher and the grpc.aio server."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+
+import grpc
+import redis.asyncio as aioredis
+from grpc_health.v1 import _async as health_aio
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from delayq.v1 import service_pb2, service_pb2_grpc
+from delayq_server import events
+from delayq_server.config import Config
+from delayq_server.dispatcher import Dispatcher
+from delayq_server.service import DelayQueueService
+from delayq_server.store import Store
+from delayq_server.timers.manager import Timers
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = service_pb2.DESCRIPTOR.services_by_name["DelayQueueService"].full_name
+
+# Long-lived worker streams sit behind NATs and load balancers: let clients ping.
+SERVER_OPTIONS = [
+    ("grpc.keepalive_time_ms", 60_000),
+    ("grpc.keepalive_timeout_ms", 20_000),
+    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+]
+
+
+class App:
+    """One delayq server replica."""
+
+    def __init__(self, cfg: Config, redis_url: str) -> None:
+        self.cfg = cfg
+        self.server_id = os.urandom(4).hex()
+        self.redis = aioredis.Redis.from_url(
+            redis_url, decode_responses=False, health_check_interval=30
+        )
+        self.store = Store(
+            self.redis,
+            bucket_width_ms=cfg.bucket_width_ms,
+            idempotency_window_ms=cfg.idempotency_window_ms,
+            completed_retention_ms=cfg.completed_retention_ms,
+            default_shards=cfg.shards_per_queue,
+        )
+        self.hub = events.EventHub()
+        self.dispatcher = Dispatcher(self.store, self.hub, self.server_id)
+        self.timers = Timers(self.store, self.hub, self.dispatcher.on_reaped)
+        self.listener = events.PubSubListener(
+            self.redis, self.hub, self.server_id, self.dispatcher.on_credit_nonces
+        )
+        self.health = health_aio.HealthServicer()
+        self.server = grpc.aio.server(options=SERVER_OPTIONS)
+        self.port = 0
+
+    async def start(self) -> int:
+        """Checks Redis, starts loops, binds and serves; returns the bound port."""
+        await self.redis.ping()
+        self.listener.start()
+        await asyncio.wait_for(self.listener.ready.wait(), 10)
+        await self.timers.start()
+        service = DelayQueueService(self.cfg, self.store, self.hub, self.dispatcher, self.timers)
+        service_pb2_grpc.add_DelayQueueServiceServicer_to_server(service, self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
+        )
+        self.port = self.server.add_insecure_port(self.cfg.listen)
+        if self.port == 0:
+            raise RuntimeError(f"cannot listen on {self.cfg.listen}")
+        await self.server.start()
+        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+        return self.port
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        """Graceful: refuse new work, end streams (releasing their leases), drain, close."""
+        grace = self.cfg.grace_ms / 1000 if grace_s is None else grace_s
+        await self.health.enter_graceful_shutdown()
+        self.dispatcher.close_all()
+        await self.server.stop(grace)
+        await self.dispatcher.drain_releases()
+        await self.timers.stop()
+        await self.listener.stop()
+        await self.redis.aclose()

@@ -1,0 +1,212 @@
+"""Per-stream delivery: claims ready jobs for a Consume stream within its credit.
+
+A stream holds at most ``max_outstanding`` un-acked deliveries. Credit comes
+back when a delivery is acked or nacked (through any replica: the lease nonce
+names the server and stream, and other replicas publish the credit to us) or
+when the reaper takes back an expired lease. When the stream ends, its
+current leases go back to ready at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections import defaultdict
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+
+from delayq_server import events
+from delayq_server.ids import LeaseToken
+from delayq_server.store import Claimed, LeaseRef, ShardKeys, Store
+from delayq_server.store.keys import server_channel
+
+log = logging.getLogger(__name__)
+
+IDLE_FALLBACK_S = 5.0  # re-check for work when no wake-up came (lost pub/sub message)
+STALL_CHECK_S = 1.0  # with no credit, how often to re-verify outstanding leases
+
+
+@dataclass(slots=True)
+class Outstanding:
+    keys: ShardKeys
+    job_id: str
+
+
+class ConsumeStream:
+    """State of one open Consume stream on this replica."""
+
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        seq: str,
+        shards_by_queue: list[list[ShardKeys]],
+        max_outstanding: int,
+        lease_ms: int,
+        max_batch: int,
+    ) -> None:
+        self._d = dispatcher
+        self.seq = seq
+        self._queues = shards_by_queue
+        self._max_outstanding = max_outstanding
+        self._lease_ms = lease_ms
+        self._max_batch = max_batch
+        self.outstanding: dict[str, Outstanding] = {}  # nonce -> lease
+        self.wake = asyncio.Event()
+        self._claims = itertools.count()
+        self._rotation = itertools.count()
+        self.closing = False
+
+    def credit_back(self, nonce: str) -> None:
+        if self.outstanding.pop(nonce, None) is not None:
+            self.wake.set()
+
+    def close(self) -> None:
+        self.closing = True
+        self.wake.set()
+
+    @property
+    def tags(self) -> Iterable[str]:
+        return (k.tag for shards in self._queues for k in shards)
+
+    async def _claim_round(self) -> list[tuple[ShardKeys, Claimed]]:
+        """Claims in priority order: a later queue only gets the credit left over."""
+        got: list[tuple[ShardKeys, Claimed]] = []
+        budget = min(self._max_outstanding - len(self.outstanding), self._max_batch)
+        for shards in self._queues:
+            if budget <= 0:
+                break
+            start = next(self._rotation) % len(shards)
+            for keys in shards[start:] + shards[:start]:
+                if budget <= 0:
+                    break
+                prefix = f"{self._d.server_id}.{self.seq}.{next(self._claims)}."
+                claimed = await self._d.store.claim(keys, budget, self._lease_ms, prefix)
+                if claimed:
+                    self._d.hub.fire(events.LEASE, keys.tag)
+                for c in claimed:
+                    self.outstanding[c.nonce] = Outstanding(keys, c.job_id)
+                    got.append((keys, c))
+                budget -= len(claimed)
+        return got
+
+    async def deliveries(self) -> AsyncIterator[list[tuple[ShardKeys, Claimed]]]:
+        """Yields batches of fresh leases until the stream is closed."""
+        while not self.closing:
+            self.wake.clear()
+            if len(self.outstanding) >= self._max_outstanding:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), STALL_CHECK_S)
+                if not self.wake.is_set():
+                    await self._verify_outstanding()
+                continue
+            batch = await self._claim_round()
+            if batch:
+                yield batch
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), IDLE_FALLBACK_S)
+
+    async def _verify_outstanding(self) -> None:
+        """Drops leases this stream no longer holds (credit lost with a pub/sub message)."""
+        for nonce, o in list(self.outstanding.items()):
+            try:
+                rec, _ = await self._d.store.get(o.keys, o.job_id)
+                current = rec.nonce == nonce
+            except Exception:
+                current = False
+            if not current:
+                self.outstanding.pop(nonce, None)
+
+    async def release(self) -> int:
+        by_shard: dict[ShardKeys, list[LeaseRef]] = defaultdict(list)
+        for nonce, o in self.outstanding.items():
+            by_shard[o.keys].append(LeaseRef(o.job_id, nonce))
+        self.outstanding.clear()
+        released = 0
+        for keys, leases in by_shard.items():
+            released += await self._d.store.release(keys, leases)
+        return released
+
+
+class Dispatcher:
+    """Registry of this replica's streams and the credit paths into them."""
+
+    def __init__(self, store: Store, hub: events.EventHub, server_id: str) -> None:
+        self.store = store
+        self.hub = hub
+        self.server_id = server_id
+        self._streams: dict[str, ConsumeStream] = {}
+        self._seq = itertools.count(1)
+        self._releases: set[asyncio.Task[int]] = set()
+        self._background: set[asyncio.Task[None]] = set()
+
+    def open(
+        self,
+        shards_by_queue: list[list[ShardKeys]],
+        max_outstanding: int,
+        lease_ms: int,
+        max_batch: int,
+    ) -> ConsumeStream:
+        seq = format(next(self._seq), "x")
+        stream = ConsumeStream(self, seq, shards_by_queue, max_outstanding, lease_ms, max_batch)
+        self._streams[seq] = stream
+        for tag in stream.tags:
+            self.hub.subscribe(events.READY, tag, stream.wake)
+        return stream
+
+    def close(self, stream: ConsumeStream) -> None:
+        """Unregisters and releases the stream's leases in a task that outlives cancellation."""
+        self._streams.pop(stream.seq, None)
+        for tag in stream.tags:
+            self.hub.unsubscribe(events.READY, tag, stream.wake)
+        task = asyncio.create_task(stream.release(), name=f"release {stream.seq}")
+        self._releases.add(task)
+        task.add_done_callback(self._release_done)
+
+    def _release_done(self, task: asyncio.Task[int]) -> None:
+        self._releases.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("releasing leases of a closed stream failed: %s", task.exception())
+
+    def close_all(self) -> None:
+        for stream in list(self._streams.values()):
+            stream.close()
+
+    async def drain_releases(self) -> None:
+        if self._releases:
+            await asyncio.gather(*self._releases, return_exceptions=True)
+
+    # -- credit -------------------------------------------------------------------
+
+    def on_credit_nonces(self, nonces: list[str]) -> None:
+        """Credit for nonces of our own streams (local acks or another replica's message)."""
+        for nonce in nonces:
+            parts = nonce.split(".")
+            if len(parts) >= 2 and parts[0] == self.server_id:
+                stream = self._streams.get(parts[1])
+                if stream is not None:
+                    stream.credit_back(nonce)
+
+    async def credit(self, tokens: list[LeaseToken]) -> None:
+        """Returns credit for finished leases to whichever replica holds the stream."""
+        remote: dict[str, list[str]] = defaultdict(list)
+        local: list[str] = []
+        for t in tokens:
+            if t.server_id == self.server_id:
+                local.append(t.nonce)
+            else:
+                remote[t.server_id].append(t.nonce)
+        self.on_credit_nonces(local)
+        for server_id, nonces in remote.items():
+            with contextlib.suppress(Exception):
+                await self.store.redis.publish(
+                    server_channel(server_id), "credit " + " ".join(nonces)
+                )
+
+    def on_reaped(self, keys: ShardKeys, leases: list[LeaseRef]) -> None:
+        tokens = [LeaseToken(keys, lease.job_id, lease.nonce) for lease in leases if lease.nonce]
+        task = asyncio.create_task(self.credit(tokens))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)

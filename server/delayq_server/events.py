@@ -1,0 +1,105 @@
+"""Wake-ups: local broadcasts plus a Redis pub/sub listener for other replicas.
+
+Scripts publish "<shard prefix> ready" when an empty ready list gets jobs and
+"<shard prefix> due <ms>" when a shard's earliest due time moves earlier. Every
+replica listens, so a job enqueued through one server wakes the promoter and
+the idle Consume streams of all of them. Pub/sub is at-most-once: waiters
+also time out (a fallback, never the thing that decides delivery time).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import defaultdict
+from collections.abc import Callable
+
+import redis.asyncio as aioredis
+
+from delayq_server.store.keys import EVENTS_CHANNEL, server_channel
+
+log = logging.getLogger(__name__)
+
+READY = "ready"  # jobs arrived in an empty ready list
+DUE = "due"  # the earliest due time moved earlier (or leases were reaped)
+LEASE = "lease"  # a lease was taken (wakes an idle reaper)
+
+
+def tag_of(prefix: str) -> str:
+    """'dq:{ns/q/0}:' -> 'ns/q/0'."""
+    return prefix[prefix.find("{") + 1 : prefix.rfind("}")]
+
+
+class EventHub:
+    """Fan-out of wake-ups to subscribed asyncio.Events, keyed by (kind, shard tag)."""
+
+    def __init__(self) -> None:
+        self._subs: dict[tuple[str, str], set[asyncio.Event]] = defaultdict(set)
+
+    def subscribe(self, kind: str, tag: str, event: asyncio.Event) -> None:
+        self._subs[(kind, tag)].add(event)
+
+    def unsubscribe(self, kind: str, tag: str, event: asyncio.Event) -> None:
+        subs = self._subs.get((kind, tag))
+        if subs is not None:
+            subs.discard(event)
+            if not subs:
+                del self._subs[(kind, tag)]
+
+    def fire(self, kind: str, tag: str) -> None:
+        for event in self._subs.get((kind, tag), ()):
+            event.set()
+
+
+class PubSubListener:
+    """Turns pub/sub messages into hub events and credit returns for our streams."""
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        hub: EventHub,
+        server_id: str,
+        on_credit: Callable[[list[str]], None],
+    ) -> None:
+        self._client = client
+        self._hub = hub
+        self._server_id = server_id
+        self._on_credit = on_credit
+        self._task: asyncio.Task[None] | None = None
+        self.ready = asyncio.Event()
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="pubsub")
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                async with self._client.pubsub() as ps:
+                    await ps.subscribe(EVENTS_CHANNEL, server_channel(self._server_id))
+                    self.ready.set()
+                    async for msg in ps.listen():
+                        if msg.get("type") == "message":
+                            self._dispatch(msg["channel"], msg["data"])
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("pub/sub listener: %s; reconnecting", exc)
+                await asyncio.sleep(0.5)
+
+    def _dispatch(self, channel: bytes, data: bytes) -> None:
+        text = data.decode()
+        if channel.decode() != EVENTS_CHANNEL:
+            kind, _, rest = text.partition(" ")
+            if kind == "credit":
+                self._on_credit(rest.split())
+            return
+        prefix, _, rest = text.partition(" ")
+        kind = rest.split(" ", 1)[0]
+        self._hub.fire(kind, tag_of(prefix))

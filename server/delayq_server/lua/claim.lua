@@ -1,0 +1,44 @@
+-- claim.lua: lease up to `count` ready jobs to one Consume stream.
+-- KEYS[1] ready   LIST  job ids due now
+-- KEYS[2] leased  ZSET  job id -> lease deadline ms
+-- KEYS[3] stats   HASH  counters
+-- KEYS[4] exp     ZSET  job id -> expire ms
+-- KEYS[5] dead    ZSET  job id -> time of death ms
+-- ARGV[1] prefix, ARGV[2] now ms ('' = Redis TIME), ARGV[3] count (<= 500),
+-- ARGV[4] lease ms, ARGV[5] nonce prefix (the stream's; a counter is appended)
+-- Returns: {now, then per leased job: id, nonce, packed record}
+-- Each lease gets a fresh nonce stored in the record: that is the fence that
+-- makes Ack/Nack/ExtendLease with an older token fail. Jobs past their TTL are
+-- dropped here and counted, never delivered.
+local k_ready, k_leased, k_stats, k_exp, k_dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local prefix, count, lease, nonce_prefix = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
+-- @include record
+local now = now_ms(ARGV[2])
+local out = {now}
+local ids = redis.call('RPOP', k_ready, count)
+if not ids then return out end
+for i, id in ipairs(ids) do
+  local rec = load(prefix, id)
+  if rec then
+    if rec[R_EXPIRE] > 0 and rec[R_EXPIRE] <= now then
+      redis.call('DEL', prefix .. 'j:' .. id)
+      redis.call('ZREM', k_exp, id)
+      redis.call('HINCRBY', k_stats, 'expired', 1)
+    elseif rec[R_ATTEMPTS] >= rec[R_MAX] then
+      to_dead(prefix, k_dead, k_stats, id, rec, now, 'attempts exhausted')
+    else
+      local nonce = nonce_prefix .. i
+      rec[R_STATE] = S_LEASED
+      rec[R_ATTEMPTS] = rec[R_ATTEMPTS] + 1
+      rec[R_LASTDEL] = now
+      rec[R_TOKEN] = nonce
+      local packed = cmsgpack.pack(rec)
+      redis.call('SET', prefix .. 'j:' .. id, packed)
+      redis.call('ZADD', k_leased, now + lease, id)
+      table.insert(out, id)
+      table.insert(out, nonce)
+      table.insert(out, packed)
+    end
+  end
+end
+return out

@@ -1,0 +1,79 @@
+-- enqueue.lua: store a batch of jobs for one shard.
+-- KEYS[1] index   ZSET  bucket number -> earliest due ms in the bucket
+-- KEYS[2] ready   LIST  job ids due now (LPUSH in, RPOP out)
+-- KEYS[3] stats   HASH  counters
+-- KEYS[4] exp     ZSET  job id -> expire ms (jobs with a TTL only)
+-- ARGV[1] prefix (dq:{ns/queue/shard}:), ARGV[2] now ms ('' = Redis TIME),
+-- ARGV[3] bucket width ms, ARGV[4] idempotency window ms, ARGV[5] events channel,
+-- ARGV[6] job count n (<= 1000, enforced by the caller), then per job 11 fields:
+--   id, delay_ms (-1 when due_at is given), due_at ms (-1), ttl ms (0 none),
+--   max_attempts, backoff init ms, backoff max ms, multiplier, jitter,
+--   headers (msgpack map bytes), payload, idempotency key ('' none)  [12 fields]
+-- Returns: {now, then per job: id, due ms, duplicate 0/1}
+-- Publishes "<prefix> ready" when the ready list was empty and got jobs, and
+-- "<prefix> due <ms>" when the earliest due time moved earlier, so idle
+-- dispatchers and promoters on every server replica wake at once.
+-- Undeclared keys (records, buckets, idempotency) share KEYS' hash tag.
+local k_index, k_ready, k_stats, k_exp = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local prefix, width = ARGV[1], tonumber(ARGV[3])
+local idem_window, channel, n = tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6])
+-- @include record
+local now = now_ms(ARGV[2])
+
+local was_empty = redis.call('LLEN', k_ready) == 0
+local head = redis.call('ZRANGE', k_index, 0, 0, 'WITHSCORES')
+local head_due = head[2] and tonumber(head[2]) or nil
+local pushed, earliest, stored = 0, nil, 0
+local out = {now}
+for i = 0, n - 1 do
+  local a = 7 + i * 12
+  local id, delay, due_at, ttl = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+  local ikey = ARGV[a + 11]
+  local existing = false
+  if ikey ~= '' then
+    local k = prefix .. 'idem:' .. ikey
+    local prev = redis.call('GET', k)
+    if prev then
+      existing = prev
+    else
+      redis.call('SET', k, id, 'PX', idem_window)
+    end
+  end
+  if existing then
+    local prec = load(prefix, existing)
+    table.insert(out, existing)
+    table.insert(out, prec and prec[R_DUE] or 0)
+    table.insert(out, 1)
+  else
+    local due = now + delay
+    if delay < 0 then due = due_at end
+    if due < now then due = now end
+    local expire = 0
+    if ttl > 0 then expire = now + ttl end
+    local rec = {S_SCHEDULED, 0, tonumber(ARGV[a + 4]), due, now, expire, 0, 0, '', '',
+      tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7]), tonumber(ARGV[a + 8]),
+      ARGV[a + 9], ARGV[a + 10]}
+    if due <= now then
+      rec[R_STATE] = S_READY
+      save(prefix, id, rec)
+      redis.call('LPUSH', k_ready, id)
+      pushed = pushed + 1
+    else
+      save(prefix, id, rec)
+      backlog_add(prefix, k_index, width, id, due)
+      redis.call('HINCRBY', k_stats, 'backlog', 1)
+      if earliest == nil or due < earliest then earliest = due end
+    end
+    if expire > 0 then redis.call('ZADD', k_exp, expire, id) end
+    stored = stored + 1
+    table.insert(out, id)
+    table.insert(out, due)
+    table.insert(out, 0)
+  end
+end
+if stored > 0 then redis.call('HINCRBY', k_stats, 'enqueued', stored) end
+if pushed > 0 and was_empty then redis.call('PUBLISH', channel, prefix .. ' ready') end
+if earliest and (head_due == nil or earliest < head_due) then
+  redis.call('PUBLISH', channel, prefix .. ' due ' .. string.format('%d', earliest))
+end
+return out

@@ -1,0 +1,35 @@
+-- nack.lua: give a leased job back: retry after a delay, or dead-letter it.
+-- KEYS[1] index   ZSET  bucket -> earliest due ms
+-- KEYS[2] ready   LIST  job ids due now
+-- KEYS[3] leased  ZSET  job id -> lease deadline ms
+-- KEYS[4] dead    ZSET  job id -> time of death ms
+-- KEYS[5] stats   HASH  counters
+-- ARGV[1] prefix, ARGV[2] now ms ('' = Redis TIME), ARGV[3] bucket width ms,
+-- ARGV[4] job id, ARGV[5] nonce, ARGV[6] delay ms (-1 = the job's retry policy),
+-- ARGV[7] dead letter now (0/1), ARGV[8] reason, ARGV[9] events channel
+-- Returns: {code, state, due ms}; code 1 ok, -1 unknown job, -2 stale token
+local k_index, k_ready, k_leased, k_dead, k_stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local prefix, width, id, nonce = ARGV[1], tonumber(ARGV[3]), ARGV[4], ARGV[5]
+local delay, force_dead, reason, channel = tonumber(ARGV[6]), ARGV[7] == '1', ARGV[8], ARGV[9]
+-- @include record
+local now = now_ms(ARGV[2])
+local rec = load(prefix, id)
+if not rec then return {-1, 0, 0} end
+if rec[R_STATE] ~= S_LEASED or rec[R_TOKEN] ~= nonce then return {-2, rec[R_STATE], 0} end
+redis.call('ZREM', k_leased, id)
+if force_dead or rec[R_ATTEMPTS] >= rec[R_MAX] then
+  if reason == '' then reason = 'attempts exhausted' end
+  to_dead(prefix, k_dead, k_stats, id, rec, now, reason)
+  return {1, S_DEAD, 0}
+end
+if delay < 0 then delay = backoff_ms(rec, id) end
+local head = redis.call('ZRANGE', k_index, 0, 0, 'WITHSCORES')
+local was_empty = redis.call('LLEN', k_ready) == 0
+if to_retry(prefix, k_index, k_ready, k_stats, width, id, rec, now, delay, reason) == 1 then
+  if was_empty then redis.call('PUBLISH', channel, prefix .. ' ready') end
+  return {1, S_READY, now}
+end
+if not head[2] or now + delay < tonumber(head[2]) then
+  redis.call('PUBLISH', channel, prefix .. ' due ' .. string.format('%d', now + delay))
+end
+return {1, S_SCHEDULED, now + delay}

@@ -1,0 +1,373 @@
+"""The gRPC servicer: validate, map to store calls, map errors (errors.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import zlib
+from collections import defaultdict
+from typing import Any
+
+import grpc
+
+from delayq.v1 import job_pb2, service_pb2, service_pb2_grpc
+from delayq_server import convert, errors, events, ids, validation
+from delayq_server.config import Config
+from delayq_server.dispatcher import Dispatcher
+from delayq_server.errors import InvalidArgument, NotFound
+from delayq_server.store import AckOutcome, JobSpec, ShardKeys, Store, UnknownJob
+from delayq_server.timers.manager import Timers
+
+log = logging.getLogger(__name__)
+
+Ctx = grpc.aio.ServicerContext[Any, Any]
+
+_ACK_RESULT = {
+    AckOutcome.ACKED: service_pb2.ACK_RESULT_ACKED,
+    AckOutcome.STALE: service_pb2.ACK_RESULT_STALE,
+    AckOutcome.UNKNOWN: service_pb2.ACK_RESULT_UNKNOWN,
+}
+
+
+def _shard_for(key: str, shards: int) -> int:
+    """Idempotency keys pick a stable shard so duplicates meet in one script."""
+    if shards <= 1:
+        return 0
+    return zlib.crc32(key.encode()) % shards
+
+
+class DelayQueueService(service_pb2_grpc.DelayQueueServiceServicer):
+    def __init__(
+        self,
+        cfg: Config,
+        store: Store,
+        hub: events.EventHub,
+        dispatcher: Dispatcher,
+        timers: Timers,
+    ) -> None:
+        self._cfg = cfg
+        self._store = store
+        self._hub = hub
+        self._dispatcher = dispatcher
+        self._timers = timers
+        self._rr = 0
+
+    # -- helpers --------------------------------------------------------------------
+
+    async def _shards(self, namespace: str, queue: str, *, create: bool) -> int:
+        count = await self._store.shard_count(namespace, queue, create=create)
+        if create:
+            self._timers.ensure(namespace, queue, count)
+        return count
+
+    async def _existing(self, namespace: str, queue: str, job_id: str) -> ShardKeys:
+        shard = validation.job_id(job_id)
+        shards = await self._shards(namespace, queue, create=False)
+        if shard >= max(shards, 1) or shards == 0:
+            raise NotFound(f"job {job_id!r} not found in queue {namespace}/{queue}")
+        return ShardKeys(namespace, queue, shard)
+
+    def _spec(self, inp: validation.EnqueueInput, shards: int) -> tuple[int, JobSpec]:
+        if inp.idempotency_key:
+            shard = _shard_for(inp.idempotency_key, shards)
+        else:
+            self._rr += 1
+            shard = self._rr % shards
+        return shard, JobSpec(
+            job_id=ids.new_job_id(shard, shards),
+            payload=inp.payload,
+            headers=inp.headers,
+            delay_ms=inp.delay_ms,
+            due_at_ms=inp.due_at_ms,
+            ttl_ms=inp.ttl_ms,
+            max_attempts=inp.max_attempts,
+            backoff_initial_ms=inp.backoff_initial_ms,
+            backoff_max_ms=inp.backoff_max_ms,
+            multiplier=inp.multiplier,
+            jitter=inp.jitter,
+            idempotency_key=inp.idempotency_key,
+        )
+
+    async def _check_ttl_vs_due(self, inputs: list[validation.EnqueueInput]) -> None:
+        """TTL must outlast an absolute due time too; that needs the Redis clock."""
+        if not any(i.due_at_ms is not None and i.ttl_ms for i in inputs):
+            return
+        now = await self._store.time_ms()
+        for i in inputs:
+            if i.due_at_ms is not None and i.ttl_ms and now + i.ttl_ms <= i.due_at_ms:
+                raise InvalidArgument(
+                    "ttl", "must be longer than the time until due_time: the job would expire first"
+                )
+
+    async def _store_jobs(
+        self, inputs: list[validation.EnqueueInput]
+    ) -> list[service_pb2.EnqueueResponse]:
+        """Stores validated jobs with one script call per shard, in input order."""
+        groups: dict[ShardKeys, list[tuple[int, JobSpec]]] = defaultdict(list)
+        for index, inp in enumerate(inputs):
+            shards = await self._shards(inp.namespace, inp.queue, create=True)
+            shard, spec = self._spec(inp, shards)
+            groups[ShardKeys(inp.namespace, inp.queue, shard)].append((index, spec))
+        out: list[service_pb2.EnqueueResponse | None] = [None] * len(inputs)
+
+        async def run(keys: ShardKeys, items: list[tuple[int, JobSpec]]) -> None:
+            results, now = await self._store.enqueue(keys, [s for _, s in items])
+            for (index, _), r in zip(items, results, strict=True):
+                out[index] = service_pb2.EnqueueResponse(
+                    job_id=r.job_id, due_time=convert.ts(r.due_ms), duplicate=r.duplicate
+                )
+                if r.due_ms <= now and not r.duplicate:
+                    self._hub.fire(events.READY, keys.tag)
+
+        await asyncio.gather(*(run(k, v) for k, v in groups.items()))
+        return [r for r in out if r is not None]
+
+    # -- RPCs ---------------------------------------------------------------------------
+
+    @errors.unary
+    async def Enqueue(
+        self, request: service_pb2.EnqueueRequest, context: Ctx
+    ) -> service_pb2.EnqueueResponse:
+        inp = validation.enqueue(request, self._cfg)
+        await self._check_ttl_vs_due([inp])
+        (resp,) = await self._store_jobs([inp])
+        return resp
+
+    @errors.unary
+    async def EnqueueBatch(
+        self, request: service_pb2.EnqueueBatchRequest, context: Ctx
+    ) -> service_pb2.EnqueueBatchResponse:
+        n = len(request.requests)
+        if not 1 <= n <= validation.MAX_BATCH:
+            raise InvalidArgument("requests", f"give 1 to {validation.MAX_BATCH} jobs, got {n}")
+        results = [service_pb2.EnqueueBatchResult() for _ in range(n)]
+        valid: list[tuple[int, validation.EnqueueInput]] = []
+        for i, req in enumerate(request.requests):
+            try:
+                inp = validation.enqueue(req, self._cfg, prefix=f"requests[{i}].")
+                await self._check_ttl_vs_due([inp])
+                valid.append((i, inp))
+            except errors.DelayqError as exc:
+                results[i].error.code = exc.code.value[0]
+                results[i].error.message = exc.message
+        if valid:
+            stored = await self._store_jobs([inp for _, inp in valid])
+            for (i, _), resp in zip(valid, stored, strict=True):
+                results[i].response.CopyFrom(resp)
+        return service_pb2.EnqueueBatchResponse(results=results)
+
+    @errors.streaming
+    async def Consume(self, request: service_pb2.ConsumeRequest, context: Ctx) -> Any:
+        inp = validation.consume(request, self._cfg)
+        shards_by_queue = []
+        for q in inp.queues:
+            count = await self._shards(inp.namespace, q, create=True)
+            shards_by_queue.append([ShardKeys(inp.namespace, q, s) for s in range(count)])
+        stream = self._dispatcher.open(
+            shards_by_queue, inp.max_outstanding, inp.lease_ms, inp.max_batch
+        )
+        try:
+            async for batch in stream.deliveries():
+                deliveries = []
+                for keys, c in batch:
+                    deliveries.append(
+                        job_pb2.Delivery(
+                            job=convert.job(keys, c.job_id, c.record, c.record.last_delivery_ms),
+                            lease_token=ids.format_token(keys, c.job_id, c.nonce),
+                            attempt=c.record.attempts,
+                            lease_deadline=convert.ts(c.lease_deadline_ms),
+                        )
+                    )
+                yield service_pb2.ConsumeResponse(deliveries=deliveries)
+        finally:
+            self._dispatcher.close(stream)
+
+    @errors.unary
+    async def Ack(self, request: service_pb2.AckRequest, context: Ctx) -> service_pb2.AckResponse:
+        tokens = validation.tokens(list(request.lease_tokens))
+        by_shard: dict[ShardKeys, list[int]] = defaultdict(list)
+        for i, t in enumerate(tokens):
+            by_shard[t.keys].append(i)
+        codes = [0] * len(tokens)
+
+        async def run(keys: ShardKeys, idx: list[int]) -> None:
+            out = await self._store.ack(keys, [tokens[i].ref for i in idx])
+            for i, code in zip(idx, out, strict=True):
+                codes[i] = code
+
+        await asyncio.gather(*(run(k, v) for k, v in by_shard.items()))
+        await self._dispatcher.credit(
+            [t for t, c in zip(tokens, codes, strict=True) if c == AckOutcome.ACKED]
+        )
+        return service_pb2.AckResponse(results=[_ACK_RESULT[c] for c in codes])
+
+    @errors.unary
+    async def Nack(
+        self, request: service_pb2.NackRequest, context: Ctx
+    ) -> service_pb2.NackResponse:
+        token = validation.token("lease_token", request.lease_token)
+        delay = validation.nack_delay(request)
+        outcome = await self._store.nack(
+            token.keys,
+            token.ref,
+            delay_ms=delay,
+            dead_letter=request.dead_letter,
+            reason=request.reason,
+        )
+        await self._dispatcher.credit([token])
+        resp = service_pb2.NackResponse(state=int(outcome.state))  # type: ignore[arg-type]
+        if outcome.due_ms:
+            resp.due_time.CopyFrom(convert.ts(outcome.due_ms))
+        return resp
+
+    @errors.unary
+    async def ExtendLease(
+        self, request: service_pb2.ExtendLeaseRequest, context: Ctx
+    ) -> service_pb2.ExtendLeaseResponse:
+        token = validation.token("lease_token", request.lease_token)
+        ext = validation.extension(request)
+        deadline = await self._store.extend(token.keys, token.ref, ext)
+        return service_pb2.ExtendLeaseResponse(lease_deadline=convert.ts(deadline))
+
+    @errors.unary
+    async def Query(
+        self, request: service_pb2.QueryRequest, context: Ctx
+    ) -> service_pb2.QueryResponse:
+        ns = validation.namespace(request.namespace)
+        queue = validation.name("queue", request.queue)
+        keys = await self._existing(ns, queue, request.job_id)
+        try:
+            rec, now = await self._store.get(keys, request.job_id)
+        except UnknownJob:
+            raise NotFound(f"job {request.job_id!r} not found in queue {ns}/{queue}") from None
+        return service_pb2.QueryResponse(job=convert.job(keys, request.job_id, rec, now))
+
+    @errors.unary
+    async def Delete(
+        self, request: service_pb2.DeleteRequest, context: Ctx
+    ) -> service_pb2.DeleteResponse:
+        ns = validation.namespace(request.namespace)
+        queue = validation.name("queue", request.queue)
+        keys = await self._existing(ns, queue, request.job_id)
+        try:
+            state = await self._store.delete(keys, request.job_id)
+        except UnknownJob:
+            raise NotFound(f"job {request.job_id!r} not found in queue {ns}/{queue}") from None
+        return service_pb2.DeleteResponse(previous_state=int(state))  # type: ignore[arg-type]
+
+    @errors.unary
+    async def GetQueueStats(
+        self, request: service_pb2.GetQueueStatsRequest, context: Ctx
+    ) -> service_pb2.GetQueueStatsResponse:
+        ns = validation.namespace(request.namespace)
+        queue = validation.name("queue", request.queue)
+        shards = await self._shards(ns, queue, create=False)
+        stats = job_pb2.QueueStats(namespace=ns, queue=queue, shards=shards)
+        oldest: int | None = None
+        next_due: int | None = None
+        now = 0
+        for s in range(shards):
+            st = await self._store.shard_stats(ShardKeys(ns, queue, s))
+            now = st.now_ms
+            stats.scheduled += st.scheduled
+            stats.ready += st.ready
+            stats.leased += st.leased
+            stats.dead += st.dead
+            stats.completed += st.completed
+            stats.enqueued_total += st.counters.get("enqueued", 0)
+            stats.acked_total += st.counters.get("acked", 0)
+            stats.retried_total += st.counters.get("retried", 0)
+            stats.dead_lettered_total += st.counters.get("dead_lettered", 0)
+            stats.expired_total += st.counters.get("expired", 0)
+            if st.oldest_ready_due_ms is not None:
+                oldest = min(oldest or st.oldest_ready_due_ms, st.oldest_ready_due_ms)
+            if st.next_due_ms is not None:
+                next_due = min(next_due or st.next_due_ms, st.next_due_ms)
+        if oldest is not None:
+            stats.oldest_ready_age.CopyFrom(convert.dur(max(0, now - oldest)))
+        if next_due is not None:
+            stats.next_due_time.CopyFrom(convert.ts(next_due))
+        return service_pb2.GetQueueStatsResponse(stats=stats)
+
+    @errors.unary
+    async def ListDeadJobs(
+        self, request: service_pb2.ListDeadJobsRequest, context: Ctx
+    ) -> service_pb2.ListDeadJobsResponse:
+        ns = validation.namespace(request.namespace)
+        queue = validation.name("queue", request.queue)
+        size = validation.limit("page_size", request.page_size, default=100, hi=1000)
+        shard, offset = 0, 0
+        if request.page_token:
+            try:
+                a, b = request.page_token.split(":")
+                shard, offset = int(a), int(b)
+            except ValueError:
+                raise InvalidArgument("page_token", "not a token from ListDeadJobs") from None
+        shards = await self._shards(ns, queue, create=False)
+        now = await self._store.time_ms()
+        resp = service_pb2.ListDeadJobsResponse()
+        while shard < shards and len(resp.jobs) < size:
+            keys = ShardKeys(ns, queue, shard)
+            want = size - len(resp.jobs)
+            page = await self._store.dead_page(keys, offset, want)
+            for job_id, rec in page:
+                resp.jobs.append(convert.job(keys, job_id, rec, now))
+            if len(page) < want:
+                shard, offset = shard + 1, 0
+            else:
+                offset += len(page)
+        if shard < shards:
+            resp.next_page_token = f"{shard}:{offset}"
+        return resp
+
+    async def _dead_action(
+        self, action: str, namespace: str, queue: str, job_ids: list[str], limit: int
+    ) -> int:
+        ns = validation.namespace(namespace)
+        q = validation.name("queue", queue)
+        lim = validation.limit("limit", limit, default=1000, hi=100_000)
+        shards = await self._shards(ns, q, create=False)
+        by_shard: dict[int, list[str]] = defaultdict(list)
+        for i, job_id in enumerate(job_ids):
+            try:
+                by_shard[validation.job_id(job_id)].append(job_id)
+            except InvalidArgument:
+                raise InvalidArgument(f"job_ids[{i}]", "is not a delayq job id") from None
+        total = 0
+        for s in range(shards):
+            keys = ShardKeys(ns, q, s)
+            if job_ids:
+                chunk = by_shard.get(s, [])
+                for start in range(0, len(chunk), 1000):
+                    total += await self._store.dead_action(
+                        keys, action, chunk[start : start + 1000], 0
+                    )
+            else:
+                left = lim - total
+                while left > 0:
+                    n = await self._store.dead_action(keys, action, [], min(left, 1000))
+                    total += n
+                    left -= n
+                    if n == 0:
+                        break
+            if action == "redrive":
+                self._hub.fire(events.READY, keys.tag)
+        return total
+
+    @errors.unary
+    async def RedriveDeadJobs(
+        self, request: service_pb2.RedriveDeadJobsRequest, context: Ctx
+    ) -> service_pb2.RedriveDeadJobsResponse:
+        n = await self._dead_action(
+            "redrive", request.namespace, request.queue, list(request.job_ids), request.limit
+        )
+        return service_pb2.RedriveDeadJobsResponse(redriven=n)
+
+    @errors.unary
+    async def PurgeDeadJobs(
+        self, request: service_pb2.PurgeDeadJobsRequest, context: Ctx
+    ) -> service_pb2.PurgeDeadJobsResponse:
+        n = await self._dead_action(
+            "purge", request.namespace, request.queue, list(request.job_ids), request.limit
+        )
+        return service_pb2.PurgeDeadJobsResponse(purged=n)

@@ -1,0 +1,32 @@
+"""Store layer: the only code that talks to Redis."""
+
+from delayq_server.store.keys import ShardKeys
+from delayq_server.store.records import JobRecord, JobState
+from delayq_server.store.store import (
+    AckOutcome,
+    Claimed,
+    EnqueueResult,
+    JobSpec,
+    LeaseRef,
+    NackOutcome,
+    ShardStats,
+    StaleLease,
+    Store,
+    UnknownJob,
+)
+
+__all__ = [
+    "AckOutcome",
+    "Claimed",
+    "EnqueueResult",
+    "JobRecord",
+    "JobSpec",
+    "JobState",
+    "LeaseRef",
+    "NackOutcome",
+    "ShardKeys",
+    "ShardStats",
+    "StaleLease",
+    "Store",
+    "UnknownJob",
+]

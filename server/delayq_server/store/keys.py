@@ -1,0 +1,89 @@
+"""Every Redis key delayq uses, built in one place.
+
+All keys of one shard share the hash tag ``{ns/queue/shard}`` so every Lua
+script touches a single slot and runs unchanged on Redis Cluster. Names are
+validated (see ``delayq_server.validation``) so no user string can contain
+``{``, ``}`` or ``:`` and change routing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+QUEUES_KEY = "dq:queues"  # SET of "ns/queue" known to any replica
+EVENTS_CHANNEL = "dq:events"  # pub/sub: "<shard prefix> ready" | "<shard prefix> due <ms>"
+
+
+def queue_meta_key(namespace: str, queue: str) -> str:
+    """HASH: per-queue settings fixed at creation (``shards``)."""
+    return f"dq:{{{namespace}/{queue}}}:meta"
+
+
+def server_channel(server_id: str) -> str:
+    """Pub/sub channel of one server replica: credit returned to its streams."""
+    return f"dq:srv:{server_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class ShardKeys:
+    """Keys of one shard of one queue."""
+
+    namespace: str
+    queue: str
+    shard: int
+
+    @property
+    def tag(self) -> str:
+        return f"{self.namespace}/{self.queue}/{self.shard}"
+
+    @property
+    def prefix(self) -> str:
+        """Prefix of every key of the shard; scripts derive record and bucket keys from it."""
+        return f"dq:{{{self.tag}}}:"
+
+    @property
+    def index(self) -> str:
+        """ZSET: bucket number -> earliest due ms in that bucket."""
+        return self.prefix + "bi"
+
+    def bucket(self, number: int) -> str:
+        """ZSET: job id -> due ms, for jobs due in [number*width, (number+1)*width)."""
+        return f"{self.prefix}b:{number}"
+
+    @property
+    def ready(self) -> str:
+        """LIST: job ids due now; LPUSH in, RPOP out."""
+        return self.prefix + "ready"
+
+    @property
+    def leased(self) -> str:
+        """ZSET: job id -> lease deadline ms."""
+        return self.prefix + "leased"
+
+    @property
+    def dead(self) -> str:
+        """ZSET: job id -> time of death ms."""
+        return self.prefix + "dead"
+
+    @property
+    def done(self) -> str:
+        """ZSET: job id -> completion ms (only with a completed-retention window)."""
+        return self.prefix + "done"
+
+    @property
+    def expiring(self) -> str:
+        """ZSET: job id -> expire ms (jobs with a TTL)."""
+        return self.prefix + "exp"
+
+    @property
+    def stats(self) -> str:
+        """HASH: counters (enqueued, acked, retried, dead_lettered, expired, backlog)."""
+        return self.prefix + "stats"
+
+    def record(self, job_id: str) -> str:
+        """STRING: the packed job record (see records.py)."""
+        return f"{self.prefix}j:{job_id}"
+
+    def idempotency(self, key: str) -> str:
+        """STRING: idempotency key -> job id, expiring with the window."""
+        return f"{self.prefix}idem:{key}"

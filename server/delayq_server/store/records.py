@@ -1,0 +1,88 @@
+"""The packed job record: one msgpack array per job (Lua: includes/record.lua)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+
+class JobState(enum.IntEnum):
+    """Stored states; values match the proto's JobState and record.lua's S_*."""
+
+    SCHEDULED = 1
+    READY = 2
+    LEASED = 3
+    DEAD = 4
+    COMPLETED = 5
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """A decoded job record. Times are Redis-clock milliseconds; 0 means unset."""
+
+    state: JobState
+    attempts: int
+    max_attempts: int
+    due_ms: int
+    created_ms: int
+    expire_ms: int
+    last_delivery_ms: int
+    finish_ms: int
+    nonce: str
+    last_error: str
+    backoff_initial_ms: int
+    backoff_max_ms: int
+    multiplier: float
+    jitter: float
+    headers: dict[str, str]
+    payload: bytes
+
+    def state_at(self, now_ms: int) -> JobState:
+        """The state a caller sees: promotion does not rewrite records, so a
+        scheduled job whose due time has passed is ready."""
+        if self.state is JobState.SCHEDULED and self.due_ms <= now_ms:
+            return JobState.READY
+        return self.state
+
+
+def pack_headers(headers: dict[str, str]) -> bytes:
+    """Headers travel inside the record as their own msgpack map (opaque to Lua)."""
+    return msgpack.packb(headers, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+def decode(raw: bytes) -> JobRecord:
+    """Decodes a record packed by Lua's cmsgpack (strings arrive as raw bytes)."""
+    f = msgpack.unpackb(raw, raw=True, strict_map_key=False)
+    headers_raw = f[14]
+    headers: dict[str, str] = {}
+    if isinstance(headers_raw, bytes) and headers_raw:
+        decoded = msgpack.unpackb(headers_raw, raw=False)
+        headers = {str(k): str(v) for k, v in decoded.items()}
+    payload = f[15]
+    return JobRecord(
+        state=JobState(int(f[0])),
+        attempts=int(f[1]),
+        max_attempts=int(f[2]),
+        due_ms=int(f[3]),
+        created_ms=int(f[4]),
+        expire_ms=int(f[5]),
+        last_delivery_ms=int(f[6]),
+        finish_ms=int(f[7]),
+        nonce=_text(f[8]),
+        last_error=_text(f[9]),
+        backoff_initial_ms=int(f[10]),
+        backoff_max_ms=int(f[11]),
+        multiplier=float(f[12]),
+        jitter=float(f[13]),
+        headers=headers,
+        payload=payload if isinstance(payload, bytes) else b"",
+    )

@@ -1,0 +1,472 @@
+"""Typed store API, one method per state transition; each is one Lua script.
+
+Times are Redis-clock milliseconds. ``now_ms=None`` lets the script read Redis
+``TIME`` (production); tests pass an explicit clock to cross due boundaries
+deterministically.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import redis.asyncio as aioredis
+from redis.commands.core import AsyncScript
+
+from delayq_server.store import records, scripts
+from delayq_server.store.keys import (
+    EVENTS_CHANNEL,
+    QUEUES_KEY,
+    ShardKeys,
+    queue_meta_key,
+)
+from delayq_server.store.records import JobRecord, JobState
+
+# Bounds on one script call (DESIGN.md: every script is bounded).
+MAX_BATCH = 1000
+PROMOTE_LIMIT = 500
+REAP_LIMIT = 200
+CLAIM_LIMIT = 500
+EXPIRE_LIMIT = 200
+
+
+class UnknownJob(Exception):
+    """No job with that id (never existed, acked, deleted, expired or purged)."""
+
+
+class StaleLease(Exception):
+    """The lease token is no longer current: the job was redelivered, released or retried."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """One validated job to store."""
+
+    job_id: str
+    payload: bytes
+    headers: dict[str, str]
+    delay_ms: int | None  # exactly one of delay_ms / due_at_ms is set
+    due_at_ms: int | None
+    ttl_ms: int
+    max_attempts: int
+    backoff_initial_ms: int
+    backoff_max_ms: int
+    multiplier: float
+    jitter: float
+    idempotency_key: str
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueResult:
+    job_id: str
+    due_ms: int
+    duplicate: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    job_id: str
+    nonce: str
+    record: JobRecord
+    lease_deadline_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRef:
+    """A lease as the fence sees it: job id plus the nonce stored at claim."""
+
+    job_id: str
+    nonce: str
+
+
+class AckOutcome:
+    ACKED = 1
+    STALE = 2
+    UNKNOWN = 3
+
+
+@dataclass(frozen=True, slots=True)
+class NackOutcome:
+    state: JobState
+    due_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class PromoteResult:
+    moved: int
+    next_due_ms: int | None
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReapResult:
+    reaped: list[LeaseRef]
+    next_deadline_ms: int | None
+    now_ms: int
+    more: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ShardStats:
+    scheduled: int
+    ready: int
+    leased: int
+    dead: int
+    completed: int
+    oldest_ready_due_ms: int | None
+    next_due_ms: int | None
+    counters: dict[str, int]
+    now_ms: int
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _now_arg(now_ms: int | None) -> str:
+    return "" if now_ms is None else str(now_ms)
+
+
+def _fmt_float(value: float) -> str:
+    return repr(float(value))
+
+
+class Store:
+    """The only object that talks to Redis."""
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        *,
+        bucket_width_ms: int = 1000,
+        idempotency_window_ms: int = 24 * 3600 * 1000,
+        completed_retention_ms: int = 0,
+        default_shards: int = 1,
+    ) -> None:
+        self.redis = client
+        self.bucket_width_ms = bucket_width_ms
+        self.idempotency_window_ms = idempotency_window_ms
+        self.completed_retention_ms = completed_retention_ms
+        self.default_shards = default_shards
+        self._scripts: dict[str, AsyncScript] = {
+            name: client.register_script(scripts.source(name)) for name in scripts.NAMES
+        }
+        self._shards: dict[tuple[str, str], int] = {}
+
+    async def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        return await self._scripts[name](keys=list(keys), args=list(args))
+
+    # -- queues -----------------------------------------------------------------
+
+    async def shard_count(self, namespace: str, queue: str, *, create: bool) -> int:
+        """Shard count of a queue, fixed when the queue is first used.
+
+        Returns 0 for a queue that does not exist when ``create`` is false.
+        """
+        cached = self._shards.get((namespace, queue))
+        if cached:
+            return cached
+        meta = queue_meta_key(namespace, queue)
+        if create:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.hsetnx(meta, "shards", self.default_shards)
+                pipe.hget(meta, "shards")
+                pipe.sadd(QUEUES_KEY, f"{namespace}/{queue}")
+                _, raw, _ = await pipe.execute()
+        else:
+            raw = await self.redis.hget(meta, "shards")
+            if raw is None:
+                return 0
+        count = int(raw)
+        self._shards[(namespace, queue)] = count
+        return count
+
+    async def known_queues(self) -> list[tuple[str, str]]:
+        """Every queue any replica has created, as (namespace, queue)."""
+        members = await self.redis.smembers(QUEUES_KEY)
+        out = []
+        for m in sorted(_s(x) for x in members):
+            ns, _, q = m.partition("/")
+            out.append((ns, q))
+        return out
+
+    async def time_ms(self) -> int:
+        sec, usec = await self.redis.time()
+        return int(sec) * 1000 + int(usec) // 1000
+
+    # -- transitions ------------------------------------------------------------
+
+    async def enqueue(
+        self, keys: ShardKeys, jobs: Sequence[JobSpec], now_ms: int | None = None
+    ) -> tuple[list[EnqueueResult], int]:
+        """Stores jobs of one shard; duplicates of an idempotency key store nothing."""
+        if not 0 < len(jobs) <= MAX_BATCH:
+            raise ValueError(f"enqueue takes 1 to {MAX_BATCH} jobs per call")
+        args: list[Any] = [
+            keys.prefix,
+            _now_arg(now_ms),
+            self.bucket_width_ms,
+            self.idempotency_window_ms,
+            EVENTS_CHANNEL,
+            len(jobs),
+        ]
+        for j in jobs:
+            args += [
+                j.job_id,
+                -1 if j.delay_ms is None else j.delay_ms,
+                -1 if j.due_at_ms is None else j.due_at_ms,
+                j.ttl_ms,
+                j.max_attempts,
+                j.backoff_initial_ms,
+                j.backoff_max_ms,
+                _fmt_float(j.multiplier),
+                _fmt_float(j.jitter),
+                records.pack_headers(j.headers),
+                j.payload,
+                j.idempotency_key,
+            ]
+        out = await self._run("enqueue", [keys.index, keys.ready, keys.stats, keys.expiring], args)
+        now = int(out[0])
+        results = [
+            EnqueueResult(_s(out[i]), int(out[i + 1]), out[i + 2] == 1)
+            for i in range(1, len(out), 3)
+        ]
+        return results, now
+
+    async def promote(
+        self, keys: ShardKeys, limit: int = PROMOTE_LIMIT, now_ms: int | None = None
+    ) -> PromoteResult:
+        """Moves due ids to the ready list (at most ``limit``)."""
+        moved, next_due, now = await self._run(
+            "promote",
+            [keys.index, keys.ready, keys.stats],
+            [keys.prefix, _now_arg(now_ms), limit, self.bucket_width_ms],
+        )
+        return PromoteResult(int(moved), None if next_due < 0 else int(next_due), int(now))
+
+    async def claim(
+        self,
+        keys: ShardKeys,
+        count: int,
+        lease_ms: int,
+        nonce_prefix: str,
+        now_ms: int | None = None,
+    ) -> list[Claimed]:
+        """Leases up to ``count`` ready jobs, each with a fresh nonce."""
+        out = await self._run(
+            "claim",
+            [keys.ready, keys.leased, keys.stats, keys.expiring, keys.dead],
+            [keys.prefix, _now_arg(now_ms), min(count, CLAIM_LIMIT), lease_ms, nonce_prefix],
+        )
+        now = int(out[0])
+        claimed = []
+        for i in range(1, len(out), 3):
+            rec = records.decode(out[i + 2])
+            claimed.append(Claimed(_s(out[i]), _s(out[i + 1]), rec, now + lease_ms))
+        return claimed
+
+    async def ack(
+        self, keys: ShardKeys, leases: Sequence[LeaseRef], now_ms: int | None = None
+    ) -> list[int]:
+        """Completes leases whose nonce is current; one AckOutcome code per lease."""
+        args: list[Any] = [keys.prefix, _now_arg(now_ms), self.completed_retention_ms, len(leases)]
+        for lease in leases:
+            args += [lease.job_id, lease.nonce]
+        out = await self._run("ack", [keys.leased, keys.stats, keys.expiring, keys.done], args)
+        return [int(x) for x in out]
+
+    async def nack(
+        self,
+        keys: ShardKeys,
+        lease: LeaseRef,
+        *,
+        delay_ms: int | None,
+        dead_letter: bool,
+        reason: str,
+        now_ms: int | None = None,
+    ) -> NackOutcome:
+        """Retries (after ``delay_ms`` or the job's backoff) or dead-letters a lease."""
+        code, state, due = await self._run(
+            "nack",
+            [keys.index, keys.ready, keys.leased, keys.dead, keys.stats],
+            [
+                keys.prefix,
+                _now_arg(now_ms),
+                self.bucket_width_ms,
+                lease.job_id,
+                lease.nonce,
+                -1 if delay_ms is None else delay_ms,
+                1 if dead_letter else 0,
+                reason,
+                EVENTS_CHANNEL,
+            ],
+        )
+        self._check(int(code))
+        return NackOutcome(JobState(int(state)), int(due))
+
+    async def extend(
+        self, keys: ShardKeys, lease: LeaseRef, extension_ms: int, now_ms: int | None = None
+    ) -> int:
+        """Pushes the lease deadline to now + extension; returns the new deadline."""
+        code, deadline = await self._run(
+            "extend",
+            [keys.leased],
+            [keys.prefix, _now_arg(now_ms), lease.job_id, lease.nonce, extension_ms],
+        )
+        self._check(int(code))
+        return int(deadline)
+
+    async def reap(
+        self, keys: ShardKeys, limit: int = REAP_LIMIT, now_ms: int | None = None
+    ) -> ReapResult:
+        """Returns expired leases to the backlog (backoff) or the dead set."""
+        out = await self._run(
+            "reap",
+            [keys.index, keys.ready, keys.leased, keys.dead, keys.stats],
+            [keys.prefix, _now_arg(now_ms), limit, self.bucket_width_ms, EVENTS_CHANNEL],
+        )
+        count, next_deadline, now = int(out[0]), int(out[1]), int(out[2])
+        reaped = [LeaseRef(_s(out[i]), _s(out[i + 1])) for i in range(3, len(out), 2)]
+        return ReapResult(reaped, None if next_deadline < 0 else next_deadline, now, count >= limit)
+
+    async def release(
+        self, keys: ShardKeys, leases: Sequence[LeaseRef], now_ms: int | None = None
+    ) -> int:
+        """Puts a closed stream's current leases back to ready; returns how many."""
+        released = 0
+        for start in range(0, len(leases), MAX_BATCH):
+            chunk = leases[start : start + MAX_BATCH]
+            args: list[Any] = [keys.prefix, _now_arg(now_ms), EVENTS_CHANNEL, len(chunk)]
+            for lease in chunk:
+                args += [lease.job_id, lease.nonce]
+            released += int(
+                await self._run("release", [keys.ready, keys.leased, keys.dead, keys.stats], args)
+            )
+        return released
+
+    def _all_keys(self, keys: ShardKeys) -> list[str]:
+        return [
+            keys.index,
+            keys.ready,
+            keys.leased,
+            keys.dead,
+            keys.done,
+            keys.expiring,
+            keys.stats,
+        ]
+
+    async def delete(self, keys: ShardKeys, job_id: str) -> JobState:
+        """Removes a job in any state; returns the state it was in."""
+        state = int(
+            await self._run(
+                "delete", self._all_keys(keys), [keys.prefix, self.bucket_width_ms, job_id]
+            )
+        )
+        if state == 0:
+            raise UnknownJob(job_id)
+        return JobState(state)
+
+    async def expire(
+        self, keys: ShardKeys, limit: int = EXPIRE_LIMIT, now_ms: int | None = None
+    ) -> tuple[int, int]:
+        """Drops TTL-expired jobs and trims completed tombstones: (expired, trimmed)."""
+        expired, trimmed = await self._run(
+            "expire",
+            self._all_keys(keys),
+            [
+                keys.prefix,
+                _now_arg(now_ms),
+                self.bucket_width_ms,
+                limit,
+                self.completed_retention_ms,
+            ],
+        )
+        return int(expired), int(trimmed)
+
+    async def dead_action(
+        self, keys: ShardKeys, action: str, job_ids: Sequence[str], limit: int
+    ) -> int:
+        """``redrive`` or ``purge`` the given dead jobs (or up to ``limit`` when none)."""
+        return int(
+            await self._run(
+                "dead",
+                [keys.dead, keys.ready, keys.stats],
+                [keys.prefix, action, EVENTS_CHANNEL, limit, *job_ids],
+            )
+        )
+
+    # -- reads ------------------------------------------------------------------
+
+    async def get(self, keys: ShardKeys, job_id: str) -> tuple[JobRecord, int]:
+        """The job's record and the Redis time it was read at."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.get(keys.record(job_id))
+            pipe.time()
+            raw, (sec, usec) = await pipe.execute()
+        if raw is None:
+            raise UnknownJob(job_id)
+        return records.decode(raw), int(sec) * 1000 + int(usec) // 1000
+
+    async def lease_deadline(self, keys: ShardKeys, job_id: str) -> int | None:
+        score = await self.redis.zscore(keys.leased, job_id)
+        return None if score is None else int(score)
+
+    async def shard_stats(self, keys: ShardKeys) -> ShardStats:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hgetall(keys.stats)
+            pipe.llen(keys.ready)
+            pipe.zcard(keys.leased)
+            pipe.zcard(keys.dead)
+            pipe.zcard(keys.done)
+            pipe.lindex(keys.ready, -1)
+            pipe.zrange(keys.index, 0, 0, withscores=True)
+            pipe.time()
+            (
+                counters_raw,
+                ready,
+                leased,
+                dead,
+                done,
+                oldest,
+                head,
+                (sec, usec),
+            ) = await pipe.execute()
+        counters = {_s(k): int(v) for k, v in counters_raw.items()}
+        oldest_due = None
+        if oldest is not None:
+            raw = await self.redis.get(keys.record(_s(oldest)))
+            if raw is not None:
+                oldest_due = records.decode(cast(bytes, raw)).due_ms
+        return ShardStats(
+            scheduled=max(0, counters.get("backlog", 0)),
+            ready=int(ready),
+            leased=int(leased),
+            dead=int(dead),
+            completed=int(done),
+            oldest_ready_due_ms=oldest_due,
+            next_due_ms=int(head[0][1]) if head else None,
+            counters=counters,
+            now_ms=int(sec) * 1000 + int(usec) // 1000,
+        )
+
+    async def dead_page(
+        self, keys: ShardKeys, offset: int, count: int
+    ) -> list[tuple[str, JobRecord]]:
+        """Dead jobs of a shard by rank (oldest death first)."""
+        ids = [_s(x) for x in await self.redis.zrange(keys.dead, offset, offset + count - 1)]
+        if not ids:
+            return []
+        raws = await self.redis.mget([keys.record(i) for i in ids])
+        return [
+            (i, records.decode(cast(bytes, r)))
+            for i, r in zip(ids, raws, strict=True)
+            if r is not None
+        ]
+
+    @staticmethod
+    def _check(code: int) -> None:
+        if code == -1:
+            raise UnknownJob()
+        if code == -2:
+            raise StaleLease()

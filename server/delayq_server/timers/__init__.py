@@ -1,0 +1,1 @@
+"""Background loops: promoter (due -> ready), reaper (expired leases), janitor (TTL, retention)."""

@@ -1,0 +1,53 @@
+"""Shared shape of a background loop: start, stop, one tick calling one store method."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+log = logging.getLogger(__name__)
+
+FALLBACK_S = 5.0  # longest sleep without a wake-up: covers lost pub/sub messages
+ERROR_BACKOFF_S = 0.5
+
+
+class Loop:
+    """Runs ``tick`` until stopped; ``tick`` returns how long to sleep (None = fallback).
+
+    The sleep ends early when ``wake`` is set, so event-driven loops react at once.
+    """
+
+    name = "loop"
+
+    def __init__(self) -> None:
+        self.wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=self.name)
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def tick(self) -> float | None:
+        raise NotImplementedError
+
+    async def _run(self) -> None:
+        while True:
+            self.wake.clear()
+            try:
+                delay = await self.tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("%s: %s", self.name, exc)
+                delay = ERROR_BACKOFF_S
+            if delay is not None and delay <= 0:
+                continue
+            timeout = FALLBACK_S if delay is None else min(delay, FALLBACK_S)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), timeout)

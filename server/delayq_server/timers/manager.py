@@ -1,0 +1,74 @@
+"""Keeps one promoter and one reaper per known shard, plus the janitor."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+from delayq_server import events
+from delayq_server.store import LeaseRef, ShardKeys, Store
+from delayq_server.timers.janitor import Janitor
+from delayq_server.timers.promoter import Promoter
+from delayq_server.timers.reaper import Reaper
+
+log = logging.getLogger(__name__)
+
+REFRESH_S = 5.0  # how often queues created through other replicas are picked up
+
+
+class Timers:
+    """Correctness never depends on these being the only ones: scripts are
+    conditional, so every replica runs them for every shard."""
+
+    def __init__(
+        self,
+        store: Store,
+        hub: events.EventHub,
+        on_reaped: Callable[[ShardKeys, list[LeaseRef]], None],
+    ) -> None:
+        self._store, self._hub, self._on_reaped = store, hub, on_reaped
+        self._loops: dict[ShardKeys, tuple[Promoter, Reaper]] = {}
+        self._janitor = Janitor(store, lambda: list(self._loops))
+        self._refresher: asyncio.Task[None] | None = None
+
+    def ensure(self, namespace: str, queue: str, shards: int) -> None:
+        for shard in range(shards):
+            keys = ShardKeys(namespace, queue, shard)
+            if keys not in self._loops:
+                promoter = Promoter(self._store, self._hub, keys)
+                reaper = Reaper(self._store, self._hub, keys, self._on_reaped)
+                promoter.start()
+                reaper.start()
+                self._loops[keys] = (promoter, reaper)
+
+    async def refresh(self) -> None:
+        for ns, queue in await self._store.known_queues():
+            shards = await self._store.shard_count(ns, queue, create=False)
+            if shards:
+                self.ensure(ns, queue, shards)
+
+    async def start(self) -> None:
+        await self.refresh()
+        self._janitor.start()
+        self._refresher = asyncio.create_task(self._refresh_forever(), name="timers-refresh")
+
+    async def _refresh_forever(self) -> None:
+        while True:
+            await asyncio.sleep(REFRESH_S)
+            try:
+                await self.refresh()
+            except Exception as exc:
+                log.warning("timers refresh: %s", exc)
+
+    async def stop(self) -> None:
+        if self._refresher:
+            self._refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._refresher
+        await self._janitor.stop()
+        for promoter, reaper in self._loops.values():
+            await promoter.stop()
+            await reaper.stop()
+        self._loops.clear()

@@ -1,0 +1,245 @@
+"""Request validation: every field checked before anything touches Redis.
+
+Pure functions from protobuf messages to store inputs; each refusal names the
+field (``InvalidArgument``), so the caller knows what to fix.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from google.protobuf import duration_pb2, timestamp_pb2
+
+from delayq.v1 import job_pb2, service_pb2
+from delayq_server import ids
+from delayq_server.config import Config
+from delayq_server.errors import InvalidArgument
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+MAX_DELAY_MS = 366 * 86_400_000
+MIN_LEASE_MS, MAX_LEASE_MS = 1_000, 12 * 3_600_000
+MAX_HEADERS, MAX_HEADER_KEY, MAX_HEADER_VALUE = 64, 256, 8192
+MAX_IDEMPOTENCY_KEY = 256
+MAX_REASON = 4096
+MAX_BATCH = 1000
+MAX_TOKENS = 1000
+MAX_QUEUES = 16
+MAX_OUTSTANDING = 10_000
+MAX_ATTEMPTS = 1000
+
+
+def name(field: str, value: str, *, default: str | None = None) -> str:
+    """A namespace or queue name; braces, colons and slashes can never pass."""
+    if not value and default is not None:
+        return default
+    if not value:
+        raise InvalidArgument(field, "required")
+    if not NAME_RE.match(value):
+        raise InvalidArgument(
+            field,
+            f"{value[:80]!r} is not a valid name: use 1-64 of A-Z a-z 0-9 _ . -, "
+            "starting with a letter or digit",
+        )
+    return value
+
+
+def namespace(value: str) -> str:
+    return name("namespace", value, default="default")
+
+
+def duration_ms(field: str, d: duration_pb2.Duration, *, lo: int, hi: int) -> int:
+    if d.seconds < 0 or d.nanos < 0:
+        raise InvalidArgument(field, "must not be negative")
+    if d.nanos >= 1_000_000_000:
+        raise InvalidArgument(field, "nanos must be below 1e9")
+    ms = d.seconds * 1000 + d.nanos // 1_000_000
+    if ms < lo or ms > hi:
+        raise InvalidArgument(field, f"must be between {lo} ms and {hi} ms, got {ms} ms")
+    return ms
+
+
+def timestamp_ms(field: str, t: timestamp_pb2.Timestamp) -> int:
+    if t.nanos < 0 or t.nanos >= 1_000_000_000:
+        raise InvalidArgument(field, "nanos must be 0 to 999999999")
+    if t.seconds < 0:
+        raise InvalidArgument(field, "must be after 1970-01-01")
+    return t.seconds * 1000 + t.nanos // 1_000_000
+
+
+def job_id(value: str) -> int:
+    """Checks a job id's form; returns the shard it names."""
+    shard = ids.shard_of(value)
+    if shard is None:
+        raise InvalidArgument("job_id", f"{value[:80]!r} is not a delayq job id")
+    return shard
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueInput:
+    namespace: str
+    queue: str
+    payload: bytes
+    headers: dict[str, str]
+    delay_ms: int | None
+    due_at_ms: int | None
+    ttl_ms: int
+    max_attempts: int
+    backoff_initial_ms: int
+    backoff_max_ms: int
+    multiplier: float
+    jitter: float
+    idempotency_key: str
+
+
+def enqueue(req: service_pb2.EnqueueRequest, cfg: Config, prefix: str = "") -> EnqueueInput:
+    """Validates one job; ``prefix`` names its place in a batch (``requests[3].``)."""
+    ns = name(prefix + "namespace", req.namespace, default="default")
+    queue = name(prefix + "queue", req.queue)
+    if not req.payload:
+        raise InvalidArgument(prefix + "payload", "must not be empty")
+    if len(req.payload) > cfg.max_payload_bytes:
+        raise InvalidArgument(
+            prefix + "payload",
+            f"{len(req.payload)} bytes is over the {cfg.max_payload_bytes}-byte limit",
+        )
+    if len(req.headers) > MAX_HEADERS:
+        raise InvalidArgument(prefix + "headers", f"at most {MAX_HEADERS} entries")
+    for k, v in req.headers.items():
+        if not k or len(k) > MAX_HEADER_KEY:
+            raise InvalidArgument(prefix + "headers", f"keys must be 1-{MAX_HEADER_KEY} chars")
+        if len(v) > MAX_HEADER_VALUE:
+            raise InvalidArgument(
+                prefix + f"headers[{k!r}]", f"value over {MAX_HEADER_VALUE} chars"
+            )
+    delay_ms: int | None = None
+    due_at_ms: int | None = None
+    which = req.WhichOneof("schedule")
+    if which == "due_time":
+        due_at_ms = timestamp_ms(prefix + "due_time", req.due_time)
+    elif which == "delay":
+        delay_ms = duration_ms(prefix + "delay", req.delay, lo=0, hi=MAX_DELAY_MS)
+    else:
+        delay_ms = 0
+    ttl_ms = 0
+    if req.HasField("ttl"):
+        ttl_ms = duration_ms(prefix + "ttl", req.ttl, lo=1, hi=10 * MAX_DELAY_MS)
+        if delay_ms is not None and ttl_ms <= delay_ms:
+            raise InvalidArgument(
+                prefix + "ttl",
+                f"{ttl_ms} ms must be longer than the delay ({delay_ms} ms): "
+                "the job would expire before it is due",
+            )
+    max_attempts = req.max_attempts or cfg.default_max_attempts
+    if not 1 <= max_attempts <= MAX_ATTEMPTS:
+        raise InvalidArgument(prefix + "max_attempts", f"must be 1 to {MAX_ATTEMPTS}")
+    initial, cap, mult, jitter = retry(req.retry, cfg, prefix + "retry.")
+    if len(req.idempotency_key) > MAX_IDEMPOTENCY_KEY:
+        raise InvalidArgument(prefix + "idempotency_key", f"at most {MAX_IDEMPOTENCY_KEY} chars")
+    if any(ord(c) < 0x20 for c in req.idempotency_key):
+        raise InvalidArgument(prefix + "idempotency_key", "control characters are not allowed")
+    return EnqueueInput(
+        namespace=ns,
+        queue=queue,
+        payload=req.payload,
+        headers=dict(req.headers),
+        delay_ms=delay_ms,
+        due_at_ms=due_at_ms,
+        ttl_ms=ttl_ms,
+        max_attempts=max_attempts,
+        backoff_initial_ms=initial,
+        backoff_max_ms=cap,
+        multiplier=mult,
+        jitter=jitter,
+        idempotency_key=req.idempotency_key,
+    )
+
+
+def retry(policy: job_pb2.RetryPolicy, cfg: Config, prefix: str) -> tuple[int, int, float, float]:
+    initial = cfg.retry_initial_ms
+    if policy.HasField("initial_backoff"):
+        initial = duration_ms(
+            prefix + "initial_backoff", policy.initial_backoff, lo=0, hi=MAX_DELAY_MS
+        )
+    cap = max(cfg.retry_max_ms, initial)
+    if policy.HasField("max_backoff"):
+        cap = duration_ms(prefix + "max_backoff", policy.max_backoff, lo=0, hi=MAX_DELAY_MS)
+        if cap < initial:
+            raise InvalidArgument(prefix + "max_backoff", "must not be below initial_backoff")
+    mult = policy.multiplier or cfg.retry_multiplier
+    if not 1.0 <= mult <= 10.0:
+        raise InvalidArgument(prefix + "multiplier", "must be 1.0 to 10.0 (0 = server default)")
+    jitter = policy.jitter
+    if not 0.0 <= jitter <= 1.0:
+        raise InvalidArgument(prefix + "jitter", "must be 0.0 to 1.0")
+    return initial, cap, mult, jitter
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumeInput:
+    namespace: str
+    queues: list[str]
+    max_outstanding: int
+    lease_ms: int
+    max_batch: int
+
+
+def consume(req: service_pb2.ConsumeRequest, cfg: Config) -> ConsumeInput:
+    ns = namespace(req.namespace)
+    if not req.queues:
+        raise InvalidArgument("queues", "name at least one queue")
+    if len(req.queues) > MAX_QUEUES:
+        raise InvalidArgument("queues", f"at most {MAX_QUEUES} queues per stream")
+    queues = [name(f"queues[{i}]", q) for i, q in enumerate(req.queues)]
+    if len(set(queues)) != len(queues):
+        raise InvalidArgument("queues", "a queue is named twice")
+    if not 1 <= req.max_outstanding <= MAX_OUTSTANDING:
+        raise InvalidArgument(
+            "max_outstanding", f"must be 1 to {MAX_OUTSTANDING}, got {req.max_outstanding}"
+        )
+    lease = cfg.default_lease_ms
+    if req.HasField("lease_duration"):
+        lease = duration_ms("lease_duration", req.lease_duration, lo=MIN_LEASE_MS, hi=MAX_LEASE_MS)
+    if req.max_batch > 1000:
+        raise InvalidArgument("max_batch", "must be 0 to 1000")
+    max_batch = min(req.max_batch or req.max_outstanding, req.max_outstanding)
+    return ConsumeInput(ns, queues, req.max_outstanding, lease, max_batch)
+
+
+def token(field: str, value: str) -> ids.LeaseToken:
+    parsed = ids.parse_token(value)
+    if parsed is None:
+        raise InvalidArgument(field, f"{value[:120]!r} is not a lease token from a delivery")
+    return parsed
+
+
+def tokens(values: list[str]) -> list[ids.LeaseToken]:
+    if not values:
+        raise InvalidArgument("lease_tokens", "give at least one token")
+    if len(values) > MAX_TOKENS:
+        raise InvalidArgument("lease_tokens", f"at most {MAX_TOKENS} per call")
+    return [token(f"lease_tokens[{i}]", v) for i, v in enumerate(values)]
+
+
+def nack_delay(req: service_pb2.NackRequest) -> int | None:
+    if len(req.reason.encode()) > MAX_REASON:
+        raise InvalidArgument("reason", f"at most {MAX_REASON} bytes")
+    if req.HasField("delay"):
+        if req.dead_letter:
+            raise InvalidArgument("delay", "cannot be combined with dead_letter")
+        return duration_ms("delay", req.delay, lo=0, hi=MAX_DELAY_MS)
+    return None
+
+
+def extension(req: service_pb2.ExtendLeaseRequest) -> int:
+    if not req.HasField("extension"):
+        raise InvalidArgument("extension", "required (1 s to 12 h)")
+    return duration_ms("extension", req.extension, lo=MIN_LEASE_MS, hi=MAX_LEASE_MS)
+
+
+def limit(field: str, value: int, *, default: int, hi: int) -> int:
+    if value == 0:
+        return default
+    if value > hi:
+        raise InvalidArgument(field, f"must be 0 to {hi}")
+    return value

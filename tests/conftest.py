@@ -1,0 +1,37 @@
+"""Session fixtures: a real redis-server on a free port, flushed per test.
+
+No fakes: a missing redis-server fails the session loudly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+
+from tests.support.servers import ManagedRedis
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedRedis]:
+    data: Path = tmp_path_factory.mktemp("redis")
+    with ManagedRedis(data, appendonly=False) as server:
+        yield server
+
+
+@pytest.fixture
+def redis_url(redis_server: ManagedRedis) -> Iterator[str]:
+    client = redis.Redis.from_url(redis_server.url)
+    client.flushall()
+    client.close()
+    yield redis_server.url
+
+
+@pytest.fixture
+async def aredis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(redis_url, decode_responses=False)
+    yield client
+    await client.aclose()
