@@ -65,10 +65,10 @@ class ManagedRedis:
 
     def start(self, timeout: float = 10.0) -> ManagedRedis:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        log = open(self.data_dir / "redis.log", "ab")  # noqa: SIM115 - lives with the process
-        self.proc = subprocess.Popen(
-            self.command(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        with open(self.data_dir / "redis.log", "ab") as log:  # the child keeps its own fd
+            self.proc = subprocess.Popen(
+                self.command(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

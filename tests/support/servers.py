@@ -79,14 +79,20 @@ class DelayqProcess:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
         code = self.proc.wait(timeout)
-        if self._reader:
-            self._reader.join(5)
+        self._cleanup()
         return code
 
     def kill(self) -> None:
         if self.proc and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        if self._reader:
+            self._reader.join(5)
+        if self.proc and self.proc.stdout and not self.proc.stdout.closed:
+            self.proc.stdout.close()
 
     def __enter__(self) -> DelayqProcess:
         return self.start()

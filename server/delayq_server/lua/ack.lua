@@ -6,6 +6,8 @@
 -- ARGV[1] prefix, ARGV[2] now ms ('' = Redis TIME), ARGV[3] retention ms (0 = delete now),
 -- ARGV[4] n (<= 1000), then n pairs: job id, nonce
 -- Returns: one code per pair: 1 acked, 2 stale (token no longer current), 3 unknown job
+-- A completed record keeps its last token, so a retried Ack (its reply was
+-- lost) is answered "acked" again while the job is retained.
 local k_leased, k_stats, k_exp, k_done = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local prefix, retention, n = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4])
 -- @include record
@@ -16,6 +18,8 @@ for i = 0, n - 1 do
   local rec = load(prefix, id)
   if not rec then
     out[i + 1] = 3
+  elseif rec[R_STATE] == S_COMPLETED and rec[R_TOKEN] == nonce then
+    out[i + 1] = 1
   elseif rec[R_STATE] ~= S_LEASED or rec[R_TOKEN] ~= nonce then
     out[i + 1] = 2
   else
@@ -24,7 +28,6 @@ for i = 0, n - 1 do
     if retention > 0 then
       rec[R_STATE] = S_COMPLETED
       rec[R_FINISH] = now
-      rec[R_TOKEN] = ''
       redis.call('SET', prefix .. 'j:' .. id, cmsgpack.pack(rec), 'PX', retention)
       redis.call('ZADD', k_done, now, id)
     else

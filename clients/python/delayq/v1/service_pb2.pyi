@@ -31,7 +31,9 @@ class _AckResultEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_AckResult.V
     ACK_RESULT_UNSPECIFIED: _AckResult.ValueType  # 0
     """ACK_RESULT_UNSPECIFIED is never returned."""
     ACK_RESULT_ACKED: _AckResult.ValueType  # 1
-    """ACK_RESULT_ACKED: the job is complete."""
+    """ACK_RESULT_ACKED: the job is complete (also for a repeated Ack while the
+    completed job is retained).
+    """
     ACK_RESULT_STALE: _AckResult.ValueType  # 2
     """ACK_RESULT_STALE: the lease ran out and the job was redelivered, released or retried."""
     ACK_RESULT_UNKNOWN: _AckResult.ValueType  # 3
@@ -43,7 +45,9 @@ class AckResult(_AckResult, metaclass=_AckResultEnumTypeWrapper):
 ACK_RESULT_UNSPECIFIED: AckResult.ValueType  # 0
 """ACK_RESULT_UNSPECIFIED is never returned."""
 ACK_RESULT_ACKED: AckResult.ValueType  # 1
-"""ACK_RESULT_ACKED: the job is complete."""
+"""ACK_RESULT_ACKED: the job is complete (also for a repeated Ack while the
+completed job is retained).
+"""
 ACK_RESULT_STALE: AckResult.ValueType  # 2
 """ACK_RESULT_STALE: the lease ran out and the job was redelivered, released or retried."""
 ACK_RESULT_UNKNOWN: AckResult.ValueType  # 3

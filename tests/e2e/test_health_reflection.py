@@ -1,0 +1,26 @@
+"""Operators' path: health checks and server reflection (what grpcurl relies on)."""
+
+from __future__ import annotations
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+    ProtoReflectionDescriptorDatabase,
+)
+
+
+def test_health_is_serving(channel: grpc.Channel) -> None:
+    stub = health_pb2_grpc.HealthStub(channel)
+    for service in ("", "delayq.v1.DelayQueueService"):
+        resp = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+        assert resp.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_reflection_lists_and_describes_the_service(channel: grpc.Channel) -> None:
+    db = ProtoReflectionDescriptorDatabase(channel)
+    services = set(db.get_services())
+    assert {"delayq.v1.DelayQueueService", "grpc.health.v1.Health"} <= services
+    desc = db.FindFileContainingSymbol("delayq.v1.DelayQueueService")
+    methods = {m.name for s in desc.service for m in s.method}
+    assert {"Enqueue", "EnqueueBatch", "Consume", "Ack", "Nack", "ExtendLease", "Query",
+            "Delete", "GetQueueStats"} <= methods  # fmt: skip
