@@ -1,0 +1,260 @@
+package delayq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/delayq/delayq/clients/go/delayqv1"
+)
+
+// Handler processes one delivery. Returning nil acks it; returning an error
+// nacks it with the error text as reason (wrap with RetryAfter or DeadLetter
+// to choose where it goes). A panic counts as an error. ctx is cancelled
+// when the lease is lost or the drain timeout of a shutdown runs out.
+type Handler func(ctx context.Context, d *delayqv1.Delivery) error
+
+// ConsumeOptions configure Consume. Only Queues is required.
+type ConsumeOptions struct {
+	// Queues in priority order (queues[0] is always preferred).
+	Queues []string
+	// Concurrency is how many handlers run at once; it is sent as the
+	// stream's max_outstanding. Default 1.
+	Concurrency int
+	// LeaseDuration asked for each delivery, and the extension asked at each
+	// renewal. Default 30s; the server accepts 1s to 12h.
+	LeaseDuration time.Duration
+	// RenewEvery is how often a running handler's lease is extended.
+	// Default LeaseDuration/3, so two renewals can fail before it runs out.
+	RenewEvery time.Duration
+	// DrainTimeout bounds how long a shutdown waits for running handlers
+	// before cancelling their contexts. Default 30s.
+	DrainTimeout time.Duration
+	// MaxReconnectBackoff caps the wait between attempts to reopen a broken
+	// stream. Default 5s.
+	MaxReconnectBackoff time.Duration
+	// OnError hears about problems that do not stop the loop: a failed ack,
+	// nack or renewal, a stale ack result, a lost lease (ErrLeaseLost), a
+	// broken stream about to be reopened (d is nil then). Default: ignored.
+	OnError func(d *delayqv1.Delivery, err error)
+}
+
+func (o ConsumeOptions) withDefaults() ConsumeOptions {
+	if o.Concurrency <= 0 {
+		o.Concurrency = 1
+	}
+	if o.LeaseDuration <= 0 {
+		o.LeaseDuration = 30 * time.Second
+	}
+	if o.RenewEvery <= 0 {
+		o.RenewEvery = o.LeaseDuration / 3
+	}
+	if o.DrainTimeout <= 0 {
+		o.DrainTimeout = 30 * time.Second
+	}
+	if o.MaxReconnectBackoff <= 0 {
+		o.MaxReconnectBackoff = 5 * time.Second
+	}
+	if o.OnError == nil {
+		o.OnError = func(*delayqv1.Delivery, error) {}
+	}
+	return o
+}
+
+// settleTimeout bounds one Ack, Nack or ExtendLease call.
+const settleTimeout = 10 * time.Second
+
+// Consume runs h for every delivery of opts.Queues until ctx is cancelled,
+// reopening the stream with backoff when it breaks. On cancellation it stops
+// taking deliveries, lets running handlers finish (up to DrainTimeout) and
+// settles them before closing the stream, then returns nil. It returns an
+// error at once for refusals that a retry cannot fix (INVALID_ARGUMENT,
+// UNAUTHENTICATED, PERMISSION_DENIED, UNIMPLEMENTED).
+func (c *Client) Consume(ctx context.Context, opts ConsumeOptions, h Handler) error {
+	if len(opts.Queues) == 0 {
+		return errors.New("delayq: ConsumeOptions.Queues is empty")
+	}
+	opts = opts.withDefaults()
+	backoff := 50 * time.Millisecond
+	for {
+		started := time.Now()
+		err := c.consumeStream(ctx, opts, h)
+		if ctx.Err() != nil {
+			return nil
+		}
+		switch status.Code(err) {
+		case codes.InvalidArgument, codes.Unauthenticated, codes.PermissionDenied, codes.Unimplemented:
+			return err
+		}
+		opts.OnError(nil, fmt.Errorf("delayq: consume stream broke, reopening: %w", err))
+		if time.Since(started) > opts.MaxReconnectBackoff {
+			backoff = 50 * time.Millisecond // it ran fine for a while: start over
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, opts.MaxReconnectBackoff)
+	}
+}
+
+// consumeStream runs one Consume stream until it breaks or ctx is done.
+func (c *Client) consumeStream(ctx context.Context, opts ConsumeOptions, h Handler) error {
+	// The stream outlives ctx: acks must reach the server while it is still
+	// open, because closing it releases every lease it holds.
+	streamCtx, closeStream := context.WithCancel(context.WithoutCancel(ctx))
+	defer closeStream()
+	stream, err := c.rpc.Consume(streamCtx, &delayqv1.ConsumeRequest{
+		Namespace:      c.namespace,
+		Queues:         opts.Queues,
+		MaxOutstanding: uint32(opts.Concurrency),
+		LeaseDuration:  durationpb.New(opts.LeaseDuration),
+	})
+	if err != nil {
+		return err
+	}
+
+	deliveries := make(chan *delayqv1.Delivery)
+	recvErr := make(chan error, 1)
+	go func() {
+		for {
+			resp, err := stream.Recv()
+			if err != nil {
+				recvErr <- err
+				return
+			}
+			for _, d := range resp.GetDeliveries() {
+				select {
+				case deliveries <- d:
+				case <-streamCtx.Done():
+					return
+				}
+			}
+		}
+	}()
+
+	// Handlers see ctx's values but not its cancellation, so a shutdown
+	// lets them finish; cancelHandlers ends them when the drain runs out.
+	handlerCtx, cancelHandlers := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelHandlers()
+	slots := make(chan struct{}, opts.Concurrency)
+	var running sync.WaitGroup
+	for {
+		select {
+		case d := <-deliveries:
+			select {
+			case slots <- struct{}{}:
+			case <-ctx.Done():
+				// Not started: closing the stream gives it back at once.
+				return drain(&running, cancelHandlers, opts.DrainTimeout)
+			}
+			running.Add(1)
+			go func() {
+				defer func() { <-slots; running.Done() }()
+				c.process(handlerCtx, opts, h, d)
+			}()
+		case err := <-recvErr:
+			// The server has released this stream's leases: running
+			// handlers can no longer settle, so stop them.
+			cancelHandlers()
+			running.Wait()
+			return err
+		case <-ctx.Done():
+			return drain(&running, cancelHandlers, opts.DrainTimeout)
+		}
+	}
+}
+
+// drain waits for running handlers, cancelling them after timeout.
+func drain(running *sync.WaitGroup, cancel context.CancelFunc, timeout time.Duration) error {
+	done := make(chan struct{})
+	go func() { running.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(timeout):
+		cancel()
+		<-done
+	}
+	return nil
+}
+
+// process runs the handler with lease renewal, then acks or nacks.
+func (c *Client) process(parent context.Context, opts ConsumeOptions, h Handler, d *delayqv1.Delivery) {
+	ctx, cancel := context.WithCancel(parent)
+	defer cancel()
+	token := d.GetLeaseToken()
+
+	var lost bool
+	var renewals sync.WaitGroup
+	stopRenew := make(chan struct{})
+	renewals.Add(1)
+	go func() {
+		defer renewals.Done()
+		ticker := time.NewTicker(opts.RenewEvery)
+		defer ticker.Stop()
+		for {
+			select {
+			case <-stopRenew:
+				return
+			case <-ctx.Done():
+				return
+			case <-ticker.C:
+			}
+			rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+			_, err := c.rpc.ExtendLease(rctx, &delayqv1.ExtendLeaseRequest{
+				LeaseToken: token,
+				Extension:  durationpb.New(opts.LeaseDuration),
+			})
+			rcancel()
+			switch status.Code(err) {
+			case codes.OK:
+			case codes.FailedPrecondition, codes.NotFound:
+				lost = true
+				opts.OnError(d, fmt.Errorf("%w: %v", ErrLeaseLost, err))
+				cancel()
+				return
+			default:
+				opts.OnError(d, fmt.Errorf("delayq: extend lease: %w", err))
+			}
+		}
+	}()
+
+	herr := safeCall(ctx, h, d)
+	close(stopRenew)
+	renewals.Wait()
+	if lost {
+		return
+	}
+
+	sctx, scancel := context.WithTimeout(context.WithoutCancel(parent), settleTimeout)
+	defer scancel()
+	if herr == nil {
+		resp, err := c.rpc.Ack(sctx, &delayqv1.AckRequest{LeaseTokens: []string{token}})
+		if err != nil {
+			opts.OnError(d, fmt.Errorf("delayq: ack: %w", err))
+		} else if r := resp.GetResults(); len(r) != 1 || r[0] != delayqv1.AckResult_ACK_RESULT_ACKED {
+			opts.OnError(d, fmt.Errorf("delayq: ack not applied: %v", r))
+		}
+		return
+	}
+	if _, err := c.rpc.Nack(sctx, nackRequest(token, herr)); err != nil {
+		opts.OnError(d, fmt.Errorf("delayq: nack: %w", err))
+	}
+}
+
+// safeCall runs h, turning a panic into an error so the job is nacked.
+func safeCall(ctx context.Context, h Handler, d *delayqv1.Delivery) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("delayq: handler panicked: %v", r)
+		}
+	}()
+	return h(ctx, d)
+}

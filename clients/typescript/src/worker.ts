@@ -1,0 +1,289 @@
+/** The worker loop: consume, run a handler with lease renewal, ack or nack. */
+import { durationFromMs } from "@bufbuild/protobuf/wkt";
+import { Code, ConnectError, type Client } from "@connectrpc/connect";
+
+import type { Delivery } from "./gen/delayq/v1/job_pb.js";
+import { AckResult, type DelayQueueService, type NackRequest } from "./gen/delayq/v1/service_pb.js";
+
+/** What a handler gets besides the delivery. */
+export interface HandlerContext {
+  /** Aborted when the lease is lost or a shutdown's drain timeout runs out. */
+  signal: AbortSignal;
+}
+
+/**
+ * Processes one delivery. Resolving acks it; throwing (or rejecting) nacks it
+ * with the error's message as reason. Throw {@link retryAfter} or
+ * {@link deadLetter} to choose where the job goes.
+ */
+export type Handler = (delivery: Delivery, context: HandlerContext) => Promise<void>;
+
+/** Options of {@link work}; only `queues` is required. */
+export interface WorkOptions {
+  /** Queues in priority order (queues[0] is always preferred). */
+  queues: string[];
+  /** Handlers running at once, sent as the stream's max_outstanding. Default 1. */
+  concurrency?: number;
+  /** Lease asked per delivery and per renewal. Default 30 000 ms (server range 1 s to 12 h). */
+  leaseMs?: number;
+  /** Renewal period while a handler runs. Default leaseMs / 3. */
+  renewEveryMs?: number;
+  /** How long a shutdown waits for running handlers before aborting them. Default 30 000 ms. */
+  drainTimeoutMs?: number;
+  /** Cap on the wait between attempts to reopen a broken stream. Default 5 000 ms. */
+  maxReconnectBackoffMs?: number;
+  /** Stops the loop: running handlers finish and settle, then work() resolves. */
+  signal?: AbortSignal;
+  /**
+   * Hears problems that do not stop the loop: failed ack/nack/renewal, a stale
+   * ack, a lost lease ({@link LeaseLostError}), a broken stream about to be
+   * reopened (no delivery then). Default: ignored.
+   */
+  onError?: (error: unknown, delivery?: Delivery) => void;
+}
+
+/** A handler error that says how to nack. */
+export class NackError extends Error {
+  constructor(
+    message: string,
+    readonly delayMs: number | undefined,
+    readonly deadLetter: boolean,
+    options?: { cause?: unknown },
+  ) {
+    super(message, options);
+    this.name = "NackError";
+  }
+}
+
+/** Wraps an error so that the job is retried after `delayMs` instead of its retry policy's backoff. */
+export function retryAfter(error: unknown, delayMs: number): NackError {
+  return new NackError(messageOf(error), delayMs, false, { cause: error });
+}
+
+/** Wraps an error so that the job is dead-lettered at once. */
+export function deadLetter(error: unknown): NackError {
+  return new NackError(messageOf(error), undefined, true, { cause: error });
+}
+
+/** Reported through onError when the server refuses to extend a stale lease. */
+export class LeaseLostError extends Error {
+  constructor(options?: { cause?: unknown }) {
+    super("delayq: lease lost", options);
+    this.name = "LeaseLostError";
+  }
+}
+
+const SETTLE_TIMEOUT_MS = 10_000;
+const MAX_REASON_BYTES = 4096;
+const PERMANENT = new Set([Code.InvalidArgument, Code.Unauthenticated, Code.PermissionDenied, Code.Unimplemented]);
+
+type Service = Client<typeof DelayQueueService>;
+
+interface Settings {
+  queues: string[];
+  concurrency: number;
+  leaseMs: number;
+  renewEveryMs: number;
+  drainTimeoutMs: number;
+  maxReconnectBackoffMs: number;
+  signal: AbortSignal;
+  onError: (error: unknown, delivery?: Delivery) => void;
+}
+
+/**
+ * Runs `handler` for every delivery until `options.signal` aborts, reopening
+ * the stream with backoff when it breaks. Rejects at once on refusals a retry
+ * cannot fix (INVALID_ARGUMENT, UNAUTHENTICATED, PERMISSION_DENIED, UNIMPLEMENTED).
+ */
+export async function work(service: Service, namespace: string, options: WorkOptions, handler: Handler): Promise<void> {
+  if (options.queues.length === 0) {
+    throw new Error("delayq: WorkOptions.queues is empty");
+  }
+  const leaseMs = options.leaseMs ?? 30_000;
+  const s: Settings = {
+    queues: options.queues,
+    concurrency: Math.max(1, options.concurrency ?? 1),
+    leaseMs,
+    renewEveryMs: options.renewEveryMs ?? leaseMs / 3,
+    drainTimeoutMs: options.drainTimeoutMs ?? 30_000,
+    maxReconnectBackoffMs: options.maxReconnectBackoffMs ?? 5_000,
+    signal: options.signal ?? new AbortController().signal,
+    onError: options.onError ?? (() => {}),
+  };
+  let backoffMs = 50;
+  while (!s.signal.aborted) {
+    const started = Date.now();
+    try {
+      await consumeStream(service, namespace, s, handler);
+    } catch (err) {
+      if (s.signal.aborted) break;
+      if (err instanceof ConnectError && PERMANENT.has(err.code)) throw err;
+      s.onError(new Error("delayq: consume stream broke, reopening", { cause: err }));
+    }
+    if (s.signal.aborted) break;
+    if (Date.now() - started > s.maxReconnectBackoffMs) backoffMs = 50;
+    await abortableDelay(backoffMs, s.signal);
+    backoffMs = Math.min(2 * backoffMs, s.maxReconnectBackoffMs);
+  }
+}
+
+const STOP = Symbol("stop");
+
+/** Runs one Consume stream until it breaks or the loop is stopped. */
+async function consumeStream(service: Service, namespace: string, s: Settings, handler: Handler): Promise<void> {
+  // The stream outlives the stop signal: acks must reach the server while it
+  // is open, because closing it releases every lease it holds.
+  const stream = new AbortController();
+  const handlers = new AbortController();
+  const running = new Set<Promise<void>>();
+  const stopped = new Promise<typeof STOP>((resolve) => {
+    if (s.signal.aborted) resolve(STOP);
+    s.signal.addEventListener("abort", () => resolve(STOP), { once: true });
+  });
+  const responses = service
+    .consume(
+      { namespace, queues: s.queues, maxOutstanding: s.concurrency, leaseDuration: durationFromMs(s.leaseMs) },
+      { signal: stream.signal },
+    )
+    [Symbol.asyncIterator]();
+  try {
+    for (;;) {
+      const next = responses.next();
+      next.catch(() => {}); // may reject after a stop, when nobody awaits it
+      const got = await Promise.race([next, stopped]);
+      if (got === STOP) {
+        await drain(running, handlers, s.drainTimeoutMs);
+        return;
+      }
+      if (got.done === true) {
+        throw new Error("delayq: server ended the Consume stream");
+      }
+      for (const delivery of got.value.deliveries) {
+        while (running.size >= s.concurrency) {
+          await Promise.race(running);
+        }
+        const p = processDelivery(service, s, handler, delivery, handlers.signal).finally(() => running.delete(p));
+        running.add(p);
+      }
+    }
+  } catch (err) {
+    // The server released this stream's leases: running handlers can no
+    // longer settle, so stop them.
+    handlers.abort();
+    await Promise.allSettled(running);
+    throw err;
+  } finally {
+    stream.abort();
+  }
+}
+
+async function drain(running: Set<Promise<void>>, handlers: AbortController, timeoutMs: number): Promise<void> {
+  const all = Promise.allSettled(running);
+  const timer = setTimeout(() => handlers.abort(), timeoutMs);
+  try {
+    await all;
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+/** Runs the handler with lease renewal, then acks or nacks. */
+async function processDelivery(
+  service: Service,
+  s: Settings,
+  handler: Handler,
+  delivery: Delivery,
+  parent: AbortSignal,
+): Promise<void> {
+  const local = new AbortController();
+  const signal = AbortSignal.any([parent, local.signal]);
+  const token = delivery.leaseToken;
+  let lost = false;
+  let renewing: Promise<void> = Promise.resolve();
+  const timer = setInterval(() => {
+    renewing = renewing.then(async () => {
+      if (lost || local.signal.aborted) return;
+      try {
+        await service.extendLease(
+          { leaseToken: token, extension: durationFromMs(s.leaseMs) },
+          { timeoutMs: SETTLE_TIMEOUT_MS },
+        );
+      } catch (err) {
+        const code = err instanceof ConnectError ? err.code : undefined;
+        if (code === Code.FailedPrecondition || code === Code.NotFound) {
+          lost = true;
+          s.onError(new LeaseLostError({ cause: err }), delivery);
+          local.abort();
+        } else {
+          s.onError(err, delivery);
+        }
+      }
+    });
+  }, s.renewEveryMs);
+
+  let failure: unknown = undefined;
+  let failed = false;
+  try {
+    await handler(delivery, { signal });
+  } catch (err) {
+    failed = true;
+    failure = err;
+  } finally {
+    clearInterval(timer);
+  }
+  await renewing;
+  if (lost) return;
+  try {
+    if (!failed) {
+      const res = await service.ack({ leaseTokens: [token] }, { timeoutMs: SETTLE_TIMEOUT_MS });
+      if (res.results.length !== 1 || res.results[0] !== AckResult.ACKED) {
+        s.onError(new Error(`delayq: ack not applied: ${res.results.map((r) => AckResult[r]).join(",")}`), delivery);
+      }
+    } else {
+      await service.nack(nackRequest(token, failure), { timeoutMs: SETTLE_TIMEOUT_MS });
+    }
+  } catch (err) {
+    s.onError(err, delivery);
+  }
+}
+
+/** Maps a handler error to the Nack that gives the job back. */
+export function nackRequest(
+  leaseToken: string,
+  error: unknown,
+): Pick<NackRequest, "leaseToken" | "reason" | "deadLetter"> & Partial<Pick<NackRequest, "delay">> {
+  const req = { leaseToken, reason: truncateUtf8(messageOf(error), MAX_REASON_BYTES), deadLetter: false };
+  if (error instanceof NackError) {
+    return {
+      ...req,
+      deadLetter: error.deadLetter,
+      ...(error.delayMs !== undefined ? { delay: durationFromMs(error.delayMs) } : {}),
+    };
+  }
+  return req;
+}
+
+function messageOf(error: unknown): string {
+  return error instanceof Error ? error.message : String(error);
+}
+
+/** Cuts s to at most max UTF-8 bytes without splitting a character. */
+export function truncateUtf8(s: string, max: number): string {
+  const bytes = new TextEncoder().encode(s);
+  if (bytes.length <= max) return s;
+  let n = max;
+  while (n > 0 && ((bytes[n] ?? 0) & 0xc0) === 0x80) n--;
+  return new TextDecoder().decode(bytes.subarray(0, n));
+}
+
+function abortableDelay(ms: number, signal: AbortSignal): Promise<void> {
+  return new Promise((resolve) => {
+    const timer = setTimeout(done, ms);
+    function done(): void {
+      clearTimeout(timer);
+      signal.removeEventListener("abort", done);
+      resolve();
+    }
+    signal.addEventListener("abort", done, { once: true });
+  });
+}

@@ -1,0 +1,147 @@
+/** Integration tests against a real delayq server (make test-ts starts one). */
+import assert from "node:assert/strict";
+import { randomUUID } from "node:crypto";
+import { test } from "node:test";
+
+import { ConnectError, Code } from "@connectrpc/connect";
+import { timestampMs } from "@bufbuild/protobuf/wkt";
+
+import { DelayQClient, JobState, retryAfter, type Delivery, type WorkOptions } from "../src/index.js";
+
+const address = process.env["DELAYQ_ADDR"];
+if (address === undefined || address === "") {
+  throw new Error("DELAYQ_ADDR is not set: run these tests through scripts/with_server.py (make test-ts)");
+}
+const client = new DelayQClient({ address });
+
+function queueName(): string {
+  return `ts-${randomUUID().slice(0, 8)}`;
+}
+
+/** Runs a worker until `until` resolves, then stops it and waits for it. */
+async function runWorker(
+  options: Omit<WorkOptions, "signal">,
+  handler: (d: Delivery, signal: AbortSignal) => Promise<void>,
+  until: Promise<unknown>,
+): Promise<unknown[]> {
+  const stop = new AbortController();
+  const errors: unknown[] = [];
+  const loop = client.work({ ...options, signal: stop.signal, onError: (e) => errors.push(e) }, (d, ctx) =>
+    handler(d, ctx.signal),
+  );
+  try {
+    await withDeadline(Promise.race([until, loop]), 20_000, "worker condition");
+  } finally {
+    stop.abort();
+    await loop;
+  }
+  return errors;
+}
+
+async function withDeadline<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const deadline = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`${what}: not done within ${ms} ms`)), ms);
+  });
+  try {
+    return await Promise.race([p, deadline]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+/** Polls fn until it returns true, failing after ms. */
+async function eventually(fn: () => Promise<boolean>, ms: number, what: string): Promise<void> {
+  const end = Date.now() + ms;
+  while (!(await fn())) {
+    if (Date.now() > end) throw new Error(`${what}: not true within ${ms} ms`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+async function isSettled(queue: string, jobId: string): Promise<boolean> {
+  try {
+    const res = await client.service.query({ queue, jobId });
+    return res.job?.state === JobState.COMPLETED;
+  } catch (err) {
+    if (err instanceof ConnectError && err.code === Code.NotFound) return true; // no retention
+    throw err;
+  }
+}
+
+test("a delayed job arrives with its headers, not early, and is acked", async () => {
+  const queue = queueName();
+  const headers = { traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", tenant: "acme" };
+  const sent = Date.now();
+  const res = await client.enqueue(queue, JSON.stringify({ to: "a@example.com" }), { delayMs: 300, headers });
+  assert.notEqual(res.jobId, "");
+  let resolveGot: (d: Delivery) => void = () => {};
+  const got = new Promise<Delivery>((r) => (resolveGot = r));
+  let receivedAt = 0;
+  const errors = await runWorker(
+    { queues: [queue] },
+    async (d) => {
+      receivedAt = Date.now();
+      resolveGot(d);
+    },
+    got.then(() => eventually(() => isSettled(queue, res.jobId), 5_000, "job completed")),
+  );
+  const d = await got;
+  assert.equal(d.job?.id, res.jobId);
+  assert.deepEqual(d.job?.headers, headers);
+  assert.equal(new TextDecoder().decode(d.job?.payload), '{"to":"a@example.com"}');
+  assert.equal(d.attempt, 1);
+  assert.ok(receivedAt - sent >= 300 - 2, `delivered ${receivedAt - sent} ms after enqueue, delay 300 ms`);
+  assert.ok(res.dueTime !== undefined && timestampMs(res.dueTime) > 0);
+  assert.deepEqual(errors, []);
+});
+
+test("a failing handler nacks and the job comes back as attempt 2", async () => {
+  const queue = queueName();
+  const { jobId } = await client.enqueue(queue, "x");
+  const attempts: number[] = [];
+  let done: () => void = () => {};
+  const second = new Promise<void>((r) => (done = r));
+  const errors = await runWorker(
+    { queues: [queue] },
+    async (d) => {
+      attempts.push(d.attempt);
+      if (d.attempt === 1) throw retryAfter(new Error("transient"), 50);
+      done();
+    },
+    second.then(() => eventually(() => isSettled(queue, jobId), 5_000, "job completed")),
+  );
+  assert.deepEqual(attempts, [1, 2]);
+  assert.deepEqual(errors, []);
+});
+
+test("the lease is renewed while a slow handler runs", async () => {
+  const queue = queueName();
+  const { jobId } = await client.enqueue(queue, "slow");
+  const attempts: number[] = [];
+  let done: () => void = () => {};
+  const finished = new Promise<void>((r) => (done = r));
+  const errors = await runWorker(
+    { queues: [queue], leaseMs: 1_000, renewEveryMs: 250 },
+    async (d) => {
+      attempts.push(d.attempt);
+      // Simulated work that outlives the first lease by half a second.
+      const deadline = d.leaseDeadline === undefined ? Date.now() + 1_000 : timestampMs(d.leaseDeadline);
+      await new Promise((r) => setTimeout(r, deadline - Date.now() + 500));
+      done();
+    },
+    finished.then(() => eventually(() => isSettled(queue, jobId), 5_000, "job completed")),
+  );
+  assert.deepEqual(attempts, [1]);
+  assert.deepEqual(errors, []);
+});
+
+test("an invalid queue name is refused with INVALID_ARGUMENT", async () => {
+  await assert.rejects(client.enqueue("bad{name}", "x"), (err: unknown) => {
+    return err instanceof ConnectError && err.code === Code.InvalidArgument;
+  });
+  await assert.rejects(
+    client.work({ queues: ["bad{name}"] }, async () => {}),
+    (err: unknown) => err instanceof ConnectError && err.code === Code.InvalidArgument,
+  );
+});
