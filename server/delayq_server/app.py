@@ -11,6 +11,10 @@ import redis.asyncio as aioredis
 from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from delayq.v1 import service_pb2, service_pb2_grpc
 from delayq_server import events
@@ -42,8 +46,16 @@ class App:
     def __init__(self, cfg: Config, redis_url: str) -> None:
         self.cfg = cfg
         self.server_id = os.urandom(4).hex()
+        # A command that fails on a dropped connection (Redis restarted, failover)
+        # is retried a few times on a fresh one. Scripts are conditional, so a
+        # repeat after a lost reply is at worst an extra delivery: at-least-once.
         self.redis = aioredis.Redis.from_url(
-            redis_url, decode_responses=False, health_check_interval=30
+            redis_url,
+            decode_responses=False,
+            health_check_interval=30,
+            socket_connect_timeout=2,
+            retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 3),
+            retry_on_error=[RedisConnectionError, RedisTimeoutError],
         )
         self.store = Store(
             self.redis,
