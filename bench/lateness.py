@@ -21,8 +21,8 @@ from pathlib import Path
 
 import grpc
 import uvloop
-from delayq.v1 import service_pb2, service_pb2_grpc
 
+from delayq.v1 import service_pb2, service_pb2_grpc
 from tests.support.servers import DelayqProcess, ManagedRedis
 
 PAYLOAD = b"x" * 100

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from delayq.v1 import service_pb2
-
 from tests.support.rpc import ms, query, stats
 from tests.support.servers import DelayqProcess, ManagedRedis
 
