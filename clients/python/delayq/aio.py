@@ -1,0 +1,365 @@
+"""asyncio client: the same API as `delayq.Client`, with coroutines."""
+
+# `timeout` is the gRPC deadline sent to the server with each call, as grpc.aio
+# itself names it; asyncio.timeout would not propagate it to the server.
+# ruff: noqa: ASYNC109
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any, TypeVar
+
+import grpc
+from grpc import aio
+
+from delayq import _convert
+from delayq._backoff import Backoff
+from delayq._channel import DEFAULT_TARGET, MAX_BATCH_BYTES, MAX_BATCH_ITEMS, channel_options
+from delayq._common import (
+    RETRYABLE,
+    DeadPage,
+    all_idempotent,
+    chunk_requests,
+    collect_batch,
+    finish_batch,
+)
+from delayq._convert import DurationLike
+from delayq.errors import DelayqError, from_rpc_error
+from delayq.models import Delivery, EnqueueResult, Job, JobState, QueueStats, RetryPolicy
+from delayq.serializers import JsonSerializer, Serializer
+from delayq.v1 import service_pb2, service_pb2_grpc
+
+__all__ = ["AsyncClient"]
+
+_Resp = TypeVar("_Resp")
+
+
+class AsyncClient:
+    """An asyncio delayq client over one grpc.aio channel.
+
+    Same behaviour as `delayq.Client` (deadlines, retries on UNAVAILABLE where
+    a repeat is safe, DelayqError subclasses). Create it inside a running loop
+    and use ``async with``, or `await close()`.
+    """
+
+    def __init__(
+        self,
+        target: str = DEFAULT_TARGET,
+        *,
+        namespace: str = "default",
+        timeout: float = 10.0,
+        serializer: Serializer | None = None,
+        retry_backoff: Backoff | None = None,
+        retry_deadline: float = 30.0,
+        credentials: grpc.ChannelCredentials | None = None,
+        options: Sequence[tuple[str, Any]] = (),
+        channel: aio.Channel | None = None,
+    ) -> None:
+        self.namespace = namespace
+        self.timeout = timeout
+        self.serializer: Serializer = serializer or JsonSerializer()
+        self._backoff = retry_backoff or Backoff()
+        self._retry_deadline = retry_deadline
+        self._own_channel = channel is None
+        if channel is None:
+            opts = channel_options(options)
+            channel = (
+                aio.secure_channel(target, credentials, options=opts)
+                if credentials is not None
+                else aio.insecure_channel(target, options=opts)
+            )
+        self._channel = channel
+        self._stub = service_pb2_grpc.DelayQueueServiceStub(channel)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the channel (when the client created it)."""
+        if self._own_channel:
+            await self._channel.close(None)
+
+    async def _call(
+        self,
+        method: Callable[..., Awaitable[_Resp]],
+        request: Any,
+        *,
+        idempotent: bool,
+        timeout: float | None,
+        retry_deadline: float | None = None,
+    ) -> _Resp:
+        started = time.monotonic()
+        budget = self._retry_deadline if retry_deadline is None else retry_deadline
+        attempt = 0
+        while True:
+            try:
+                return await method(
+                    request, timeout=timeout if timeout is not None else self.timeout
+                )
+            except grpc.RpcError as exc:
+                err = from_rpc_error(exc)
+                wait = self._backoff.delay(attempt)
+                if (
+                    not idempotent
+                    or err.code not in RETRYABLE
+                    or time.monotonic() - started + wait > budget
+                ):
+                    raise err from None
+            await asyncio.sleep(wait)
+            attempt += 1
+
+    async def enqueue(
+        self,
+        queue: str,
+        payload: Any,
+        *,
+        delay: DurationLike | None = None,
+        at: datetime | None = None,
+        ttl: DurationLike | None = None,
+        max_attempts: int | None = None,
+        retry: RetryPolicy | None = None,
+        headers: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+        timeout: float | None = None,
+    ) -> EnqueueResult:
+        """Store one job; see `delayq.Client.enqueue`."""
+        req = _convert.enqueue_request(
+            self.namespace,
+            queue,
+            payload,
+            self.serializer,
+            delay=delay,
+            at=at,
+            ttl=ttl,
+            max_attempts=max_attempts,
+            retry=retry,
+            headers=headers,
+            idempotency_key=idempotency_key,
+        )
+        resp = await self._call(
+            self._stub.Enqueue, req, idempotent=bool(idempotency_key), timeout=timeout
+        )
+        return _convert.enqueue_result(resp)
+
+    async def enqueue_many(
+        self,
+        queue: str,
+        payloads: Iterable[Any],
+        *,
+        delay: DurationLike | None = None,
+        at: datetime | None = None,
+        ttl: DurationLike | None = None,
+        max_attempts: int | None = None,
+        retry: RetryPolicy | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        concurrency: int = 4,
+        on_progress: Callable[[int], None] | None = None,
+    ) -> list[EnqueueResult]:
+        """Store many jobs; see `delayq.Client.enqueue_many`.
+
+        Up to `concurrency` EnqueueBatch calls are in flight at once; results
+        still come back in input order.
+        """
+        defaults: dict[str, Any] = {
+            "delay": delay,
+            "at": at,
+            "ttl": ttl,
+            "max_attempts": max_attempts,
+            "retry": retry,
+            "headers": headers,
+        }
+        requests = _convert.batch_requests(
+            self.namespace, queue, payloads, self.serializer, defaults
+        )
+        chunks = list(chunk_requests(requests, MAX_BATCH_ITEMS, MAX_BATCH_BYTES))
+        gate = asyncio.Semaphore(max(1, concurrency))
+
+        async def send(chunk: list[service_pb2.EnqueueRequest]) -> Any:
+            async with gate:
+                resp = await self._call(
+                    self._stub.EnqueueBatch,
+                    service_pb2.EnqueueBatchRequest(requests=chunk),
+                    idempotent=all_idempotent(chunk),
+                    timeout=timeout,
+                )
+                if on_progress is not None:
+                    on_progress(len(chunk))
+                return resp
+
+        responses = await asyncio.gather(*(send(c) for c in chunks))
+        results: list[EnqueueResult | None] = []
+        errors: dict[int, DelayqError] = {}
+        for resp in responses:
+            collect_batch(resp, len(results), results, errors)
+        return finish_batch(results, errors)
+
+    async def get(self, queue: str, job_id: str, *, timeout: float | None = None) -> Job:
+        """Return one job in any state; raises NotFoundError when there is none."""
+        req = service_pb2.QueryRequest(namespace=self.namespace, queue=queue, job_id=job_id)
+        resp = await self._call(self._stub.Query, req, idempotent=True, timeout=timeout)
+        return _convert.job_from_proto(resp.job, self.serializer)
+
+    async def delete(self, queue: str, job_id: str, *, timeout: float | None = None) -> JobState:
+        """Delete a job in any state and return the state it was in."""
+        req = service_pb2.DeleteRequest(namespace=self.namespace, queue=queue, job_id=job_id)
+        resp = await self._call(self._stub.Delete, req, idempotent=False, timeout=timeout)
+        return JobState(resp.previous_state)
+
+    async def stats(self, queue: str, *, timeout: float | None = None) -> QueueStats:
+        """Counts per state and lifetime counters of one queue."""
+        req = service_pb2.GetQueueStatsRequest(namespace=self.namespace, queue=queue)
+        resp = await self._call(self._stub.GetQueueStats, req, idempotent=True, timeout=timeout)
+        return _convert.stats_from_proto(resp.stats)
+
+    async def list_dead(
+        self,
+        queue: str,
+        *,
+        page_size: int = 100,
+        page_token: str = "",
+        timeout: float | None = None,
+    ) -> DeadPage:
+        """One page of the queue's dead-letter set, oldest death first."""
+        req = service_pb2.ListDeadJobsRequest(
+            namespace=self.namespace, queue=queue, page_size=page_size, page_token=page_token
+        )
+        resp = await self._call(self._stub.ListDeadJobs, req, idempotent=True, timeout=timeout)
+        return DeadPage(
+            jobs=[_convert.job_from_proto(j, self.serializer) for j in resp.jobs],
+            next_page_token=resp.next_page_token,
+        )
+
+    async def redrive_dead(
+        self,
+        queue: str,
+        job_ids: Sequence[str] = (),
+        *,
+        limit: int = 0,
+        timeout: float | None = None,
+    ) -> int:
+        """Move dead jobs (the given ids, or all up to `limit`) back to ready."""
+        req = service_pb2.RedriveDeadJobsRequest(
+            namespace=self.namespace, queue=queue, job_ids=list(job_ids), limit=limit
+        )
+        resp = await self._call(
+            self._stub.RedriveDeadJobs, req, idempotent=bool(job_ids), timeout=timeout
+        )
+        return resp.redriven
+
+    async def purge_dead(
+        self,
+        queue: str,
+        job_ids: Sequence[str] = (),
+        *,
+        limit: int = 0,
+        timeout: float | None = None,
+    ) -> int:
+        """Delete dead jobs (the given ids, or all up to `limit`) for good."""
+        req = service_pb2.PurgeDeadJobsRequest(
+            namespace=self.namespace, queue=queue, job_ids=list(job_ids), limit=limit
+        )
+        resp = await self._call(
+            self._stub.PurgeDeadJobs, req, idempotent=bool(job_ids), timeout=timeout
+        )
+        return resp.purged
+
+    def consume_call(
+        self,
+        queues: Sequence[str],
+        *,
+        max_outstanding: int,
+        lease: DurationLike | None = None,
+        max_batch: int = 0,
+    ) -> aio.UnaryStreamCall[service_pb2.ConsumeRequest, service_pb2.ConsumeResponse]:
+        """Open a raw Consume stream (for `delayq.Worker` and tools that cancel it themselves)."""
+        req = service_pb2.ConsumeRequest(
+            namespace=self.namespace,
+            queues=list(queues),
+            max_outstanding=max_outstanding,
+            max_batch=max_batch,
+        )
+        if lease is not None:
+            req.lease_duration.CopyFrom(_convert.to_duration(lease))
+        return self._stub.Consume(req)
+
+    async def consume(
+        self,
+        queues: Sequence[str],
+        *,
+        max_outstanding: int = 100,
+        lease: DurationLike | None = None,
+        max_batch: int = 0,
+    ) -> AsyncIterator[Delivery]:
+        """Yield deliveries from a Consume stream; see `delayq.Client.consume`."""
+        call = self.consume_call(
+            queues, max_outstanding=max_outstanding, lease=lease, max_batch=max_batch
+        )
+        try:
+            async for msg in call:
+                for d in msg.deliveries:
+                    yield _convert.delivery_from_proto(d, self.serializer)
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.CANCELLED:
+                raise from_rpc_error(exc) from None
+        finally:
+            call.cancel()
+
+    async def ack(
+        self,
+        lease_tokens: Sequence[str],
+        *,
+        timeout: float | None = None,
+        retry_deadline: float | None = None,
+    ) -> list[int]:
+        """Complete deliveries; returns one delayq.v1.AckResult value per token."""
+        req = service_pb2.AckRequest(lease_tokens=list(lease_tokens))
+        resp = await self._call(
+            self._stub.Ack, req, idempotent=True, timeout=timeout, retry_deadline=retry_deadline
+        )
+        return list(resp.results)
+
+    async def nack(
+        self,
+        lease_token: str,
+        *,
+        delay: DurationLike | None = None,
+        dead_letter: bool = False,
+        reason: str = "",
+        timeout: float | None = None,
+    ) -> JobState:
+        """Give a delivery back: retried after `delay` (or by policy), or dead-lettered."""
+        req = service_pb2.NackRequest(
+            lease_token=lease_token, dead_letter=dead_letter, reason=reason
+        )
+        if delay is not None:
+            req.delay.CopyFrom(_convert.to_duration(delay))
+        resp = await self._call(self._stub.Nack, req, idempotent=False, timeout=timeout)
+        return JobState(resp.state)
+
+    async def extend_lease(
+        self,
+        lease_token: str,
+        extension: DurationLike,
+        *,
+        timeout: float | None = None,
+        retry_deadline: float | None = None,
+    ) -> datetime:
+        """Push a delivery's lease deadline to now + `extension`; returns the new deadline."""
+        req = service_pb2.ExtendLeaseRequest(
+            lease_token=lease_token, extension=_convert.to_duration(extension)
+        )
+        resp = await self._call(
+            self._stub.ExtendLease,
+            req,
+            idempotent=True,
+            timeout=timeout,
+            retry_deadline=retry_deadline,
+        )
+        return _convert.from_timestamp(resp.lease_deadline)
