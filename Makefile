@@ -74,7 +74,7 @@ proto-check: proto
 bench-lateness: deps
 	$(PY) -m bench.lateness $(BENCH_ARGS)
 
-bench: bench-lateness
+bench: bench-full
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .run

@@ -1,0 +1,306 @@
+"""delayq side of the benchmark: one scenario per process, over the raw gRPC stubs (asyncio)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import uvloop
+from google.protobuf import duration_pb2
+
+from bench.harness.common import (
+    PAYLOAD,
+    QUEUE,
+    Holder,
+    LatenessLog,
+    Progress,
+    runner_args,
+    write_result,
+)
+from delayq.v1 import job_pb2, service_pb2, service_pb2_grpc
+
+PAYLOAD_BYTES = PAYLOAD.encode()
+# Large enough for a 1000-job batch or a 1000-delivery stream message.
+CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+]
+
+if TYPE_CHECKING:
+    Stub = service_pb2_grpc.DelayQueueServiceAsyncStub
+
+
+def _request(
+    *, delay_s: float | None = None, due_ns: int | None = None
+) -> service_pb2.EnqueueRequest:
+    req = service_pb2.EnqueueRequest(queue=QUEUE, payload=PAYLOAD_BYTES)
+    if due_ns is not None:
+        req.due_time.FromNanoseconds(due_ns)
+    elif delay_s is not None and delay_s > 0:
+        req.delay.FromNanoseconds(int(delay_s * 1e9))
+    return req
+
+
+def _check_batch(resp: service_pb2.EnqueueBatchResponse) -> None:
+    for result in resp.results:
+        if result.HasField("error"):
+            raise RuntimeError(f"EnqueueBatch refused a job: {result.error.message}")
+
+
+async def enqueue_batched(
+    stub: Stub,
+    requests: list[service_pb2.EnqueueRequest],
+    *,
+    batch_size: int,
+    concurrency: int,
+    on_batch: Callable[[int, float], None] | None = None,
+) -> None:
+    """Send `requests` in batches of `batch_size`, `concurrency` calls in flight."""
+    sem = asyncio.Semaphore(concurrency)
+    done = 0
+
+    async def one(start: int) -> None:
+        nonlocal done
+        async with sem:
+            chunk = requests[start : start + batch_size]
+            resp = await stub.EnqueueBatch(service_pb2.EnqueueBatchRequest(requests=chunk))
+            _check_batch(resp)
+            done += len(chunk)
+            if on_batch is not None:
+                on_batch(start + len(chunk), time.time())
+
+    await asyncio.gather(*(one(i) for i in range(0, len(requests), batch_size)))
+
+
+async def enqueue_single(stub: Stub, jobs: int, *, concurrency: int, delay_s: float) -> None:
+    """Unary Enqueue calls, `concurrency` in flight."""
+    next_index = 0
+    progress = Progress("delayq enqueue (single)", jobs)
+
+    async def worker() -> None:
+        nonlocal next_index
+        while next_index < jobs:
+            next_index += 1
+            await stub.Enqueue(_request(delay_s=delay_s))
+            progress.update(next_index)
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+
+class Consumer:
+    """One Consume stream; acks in batches as tokens pile up (one Ack call in flight)."""
+
+    def __init__(
+        self, stub: Stub, *, max_outstanding: int, max_batch: int, lease_s: int = 30
+    ) -> None:
+        self.stub = stub
+        self.request = service_pb2.ConsumeRequest(
+            queues=[QUEUE],
+            max_outstanding=max_outstanding,
+            max_batch=max_batch,
+            lease_duration=duration_pb2.Duration(seconds=lease_s),
+        )
+        self.pending: list[str] = []
+        self.wake = asyncio.Event()
+        self.received = 0
+        self.acked = 0
+
+    async def acker(self) -> None:
+        while True:
+            await self.wake.wait()
+            self.wake.clear()
+            while self.pending:
+                tokens, self.pending = self.pending[:1000], self.pending[1000:]
+                resp = await self.stub.Ack(service_pb2.AckRequest(lease_tokens=tokens))
+                bad = sum(1 for r in resp.results if r != service_pb2.ACK_RESULT_ACKED)
+                if bad:
+                    raise RuntimeError(f"{bad} of {len(tokens)} acks refused")
+                self.acked += len(tokens)
+
+    async def run(self, on_delivery: Callable[[job_pb2.Delivery], None], until: int) -> None:
+        """Consume and ack until `until` jobs have been acked."""
+        call = self.stub.Consume(self.request)
+        acker = asyncio.create_task(self.acker())
+        try:
+            async for resp in call:
+                for delivery in resp.deliveries:
+                    on_delivery(delivery)
+                    self.pending.append(delivery.lease_token)
+                self.received += len(resp.deliveries)
+                self.wake.set()
+                if self.received >= until:
+                    break
+            while self.acked < until:
+                if acker.done():
+                    acker.result()
+                await asyncio.sleep(0.001)
+        finally:
+            acker.cancel()
+            call.cancel()
+
+
+async def scenario_enqueue(stub: Stub, p: dict[str, Any]) -> dict[str, Any]:
+    jobs = int(p["jobs"])
+    delay_s = float(p.get("delay_s", 3600))
+    start = time.perf_counter()
+    if p["mode"] == "single":
+        await enqueue_single(stub, jobs, concurrency=int(p["concurrency"]), delay_s=delay_s)
+    else:
+        progress = Progress("delayq enqueue (batched)", jobs)
+        await enqueue_batched(
+            stub,
+            [_request(delay_s=delay_s) for _ in range(jobs)],
+            batch_size=int(p["batch_size"]),
+            concurrency=int(p["batch_concurrency"]),
+            on_batch=lambda n, _t: progress.update(n),
+        )
+    seconds = time.perf_counter() - start
+    return {"jobs": jobs, "seconds": seconds, "rate": jobs / seconds}
+
+
+async def scenario_lateness(stub: Stub, p: dict[str, Any]) -> dict[str, Any]:
+    rate = float(p["rate"])
+    jobs = int(p["jobs"])
+    t0_ns = time.time_ns() + int(float(p["lead_s"]) * 1e9)
+    due_ns = [t0_ns + int(i * 1e9 / rate) for i in range(jobs)]
+    log = LatenessLog(
+        f"delayq lateness @{rate:,.0f}/s",
+        jobs,
+        "server clock: Job.last_delivery_time - Job.due_time (Redis TIME)",
+    )
+
+    def on_delivery(d: job_pb2.Delivery) -> None:
+        if not d.job.HasField("last_delivery_time"):
+            raise RuntimeError("Delivery.job.last_delivery_time is unset")
+        ns = d.job.last_delivery_time.ToNanoseconds() - d.job.due_time.ToNanoseconds()
+        log.record(d.job.id, ns / 1e6)
+
+    consumer = Consumer(
+        stub, max_outstanding=int(p["max_outstanding"]), max_batch=int(p["max_batch"])
+    )
+    consume = asyncio.create_task(consumer.run(on_delivery, jobs))
+
+    def on_batch(end: int, now: float) -> None:
+        # A batch stored after the due time of its first job would skew lateness.
+        start = max(end - int(p["batch_size"]), 0)
+        if now * 1e9 > due_ns[start]:
+            log.late_enqueues += end - start
+
+    await enqueue_batched(
+        stub,
+        [_request(due_ns=d) for d in due_ns],
+        batch_size=int(p["batch_size"]),
+        concurrency=int(p["batch_concurrency"]),
+        on_batch=on_batch,
+    )
+    timeout = float(p["lead_s"]) + jobs / rate + float(p.get("grace_s", 60))
+    await asyncio.wait_for(consume, timeout)
+    return log.result()
+
+
+async def scenario_drain(stub: Stub, p: dict[str, Any]) -> dict[str, Any]:
+    jobs = int(p["jobs"])
+    await enqueue_batched(
+        stub,
+        [_request() for _ in range(jobs)],
+        batch_size=int(p["batch_size"]),
+        concurrency=int(p["batch_concurrency"]),
+    )
+    progress = Progress("delayq drain", jobs)
+    received = 0
+
+    def on_delivery(_d: job_pb2.Delivery) -> None:
+        nonlocal received
+        received += 1
+        progress.update(received)
+
+    consumers = [
+        Consumer(stub, max_outstanding=int(p["max_outstanding"]), max_batch=int(p["max_batch"]))
+        for _ in range(int(p.get("streams", 1)))
+    ]
+    start = time.perf_counter()
+    tasks = [asyncio.create_task(c.run(on_delivery, jobs // len(consumers))) for c in consumers]
+    await asyncio.gather(*tasks)
+    seconds = time.perf_counter() - start
+    acked = sum(c.acked for c in consumers)
+    return {"jobs": jobs, "acked": acked, "seconds": seconds, "rate": acked / seconds}
+
+
+async def first_delivery(call: Any) -> job_pb2.Delivery:
+    async for resp in call:
+        for delivery in resp.deliveries:
+            got: job_pb2.Delivery = delivery
+            return got
+    raise RuntimeError("Consume stream ended without a delivery")
+
+
+async def scenario_hold(stub: Stub, _p: dict[str, Any]) -> dict[str, Any]:
+    """Worker A of the redelivery scenario: take one job and never ack it."""
+    call = stub.Consume(
+        service_pb2.ConsumeRequest(
+            queues=[QUEUE], max_outstanding=1, lease_duration=duration_pb2.Duration(seconds=30)
+        )
+    )
+    delivery = await first_delivery(call)
+    print(f"held {delivery.job.id}", flush=True)
+    await asyncio.sleep(3600)
+    return {}
+
+
+async def scenario_redelivery(stub: Stub, p: dict[str, Any], args: Any) -> dict[str, Any]:
+    timeout = float(p["timeout_s"])
+    async with Holder(
+        *(sys.executable, "-m", "bench.harness.delayq_runner", "hold"),
+        *("--redis-url", args.redis_url, "--target", args.target),
+    ) as holder:
+        await stub.Enqueue(_request())
+        held_id = await holder.held()
+        # Worker B is connected and idle before A dies.
+        call = stub.Consume(
+            service_pb2.ConsumeRequest(
+                queues=[QUEUE], max_outstanding=1, lease_duration=duration_pb2.Duration(seconds=30)
+            )
+        )
+        got = asyncio.create_task(first_delivery(call))
+        await asyncio.sleep(0.5)
+        killed = holder.kill()
+        try:
+            delivery = await asyncio.wait_for(got, timeout)
+        except TimeoutError:
+            return {"seconds": None, "timeout_s": timeout}
+        seconds = time.perf_counter() - killed
+        call.cancel()
+    if delivery.job.id != held_id:
+        raise RuntimeError(f"worker B got {delivery.job.id}, not the held job {held_id}")
+    return {"seconds": seconds, "timeout_s": timeout, "attempt": delivery.attempt}
+
+
+async def main() -> None:
+    args = runner_args(__doc__ or "")
+    params: dict[str, Any] = json.loads(args.params)
+    async with grpc.aio.insecure_channel(args.target, options=CHANNEL_OPTIONS) as channel:
+        stub = service_pb2_grpc.DelayQueueServiceStub(channel)
+        scenario = args.scenario
+        if scenario == "enqueue":
+            result = await scenario_enqueue(stub, params)
+        elif scenario == "lateness":
+            result = await scenario_lateness(stub, params)
+        elif scenario == "drain":
+            result = await scenario_drain(stub, params)
+        elif scenario == "redelivery":
+            result = await scenario_redelivery(stub, params, args)
+        elif scenario == "hold":
+            result = await scenario_hold(stub, params)
+        else:
+            raise SystemExit(f"unknown scenario {scenario!r}")
+    if args.out:
+        write_result(args.out, result)
+
+
+if __name__ == "__main__":
+    uvloop.run(main())

@@ -1,0 +1,136 @@
+"""One measurement: a fresh Redis (and delayq server), one runner process, its result."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.harness import procs
+
+SYSTEMS = ("delayq", "bullmq", "arq")
+LABELS = {"delayq": "delayq", "bullmq": "BullMQ", "arq": "arq"}
+PEERS = procs.REPO / "bench" / "peers"
+ARQ_PYTHON = PEERS / ".venv" / "bin" / "python"
+
+
+@dataclass
+class Tools:
+    """Where each system's runner lives; checked once before the first run."""
+
+    python: str
+    node: str
+    arq_python: str
+    py_spy: str | None
+
+    @classmethod
+    def find(cls, systems: list[str], profile: bool) -> Tools:
+        python = sys.executable  # .venv's: it has the delayq server, client and stubs
+        node = shutil.which("node") or ""
+        if "bullmq" in systems and (not node or not (PEERS / "node_modules" / "bullmq").exists()):
+            raise SystemExit("BullMQ is not installed: run `make bench-deps`")
+        if "arq" in systems and not ARQ_PYTHON.exists():
+            raise SystemExit("arq's venv is missing: run `make bench-deps`")
+        py_spy = shutil.which("py-spy", path=str(Path(python).parent)) if profile else None
+        if profile and py_spy is None:
+            raise SystemExit("--profile needs py-spy: run `make bench-deps`")
+        return cls(python, node, str(ARQ_PYTHON), py_spy)
+
+
+def runner_command(tools: Tools, system: str) -> list[str]:
+    if system == "delayq":
+        return [tools.python, "-m", "bench.harness.delayq_runner"]
+    if system == "bullmq":
+        return [tools.node, str(PEERS / "bullmq_runner.mjs")]
+    return [tools.arq_python, "-m", "bench.peers.arq_runner"]
+
+
+class Profiler:
+    """py-spy recording of one process, written as collapsed stacks and an SVG flame graph."""
+
+    def __init__(self, py_spy: str, pid: int, out: Path) -> None:
+        self.out = out
+        self.procs = [
+            subprocess.Popen(
+                [
+                    py_spy,
+                    "record",
+                    "--pid",
+                    str(pid),
+                    "--rate",
+                    "250",
+                    "--nonblocking",
+                    "--format",
+                    fmt,
+                    "--output",
+                    str(out.with_suffix(ext)),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for fmt, ext in (("raw", ".txt"), ("flamegraph", ".svg"))
+        ]
+        time.sleep(0.3)  # let py-spy attach before the measured work starts
+
+    def finish(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+        for proc in self.procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def run_once(
+    tools: Tools,
+    system: str,
+    scenario: str,
+    params: dict[str, Any],
+    *,
+    timeout: float,
+    profile_dir: Path | None = None,
+) -> dict[str, Any]:
+    """Run one scenario on fresh processes; the runner's result plus Redis memory figures."""
+    with ExitStack() as stack:
+        url = stack.enter_context(procs.redis_server())
+        command = [*runner_command(tools, system), scenario, "--redis-url", url]
+        server_pid = 0
+        if system == "delayq":
+            address, server_pid = stack.enter_context(procs.delayq_server(url, tools.python))
+            command += ["--target", address]
+        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="delayq-bench-")))
+        out = workdir / "result.json"
+        command += ["--params", json.dumps(params), "--out", str(out)]
+        memory_before = procs.used_memory(url)
+        profilers: list[Profiler] = []
+        runner = subprocess.Popen(command, cwd=procs.REPO)
+        if profile_dir is not None and tools.py_spy is not None and system == "delayq":
+            profile_dir.mkdir(parents=True, exist_ok=True)
+            profilers = [
+                Profiler(tools.py_spy, server_pid, profile_dir / f"profile-{scenario}-server"),
+                Profiler(tools.py_spy, runner.pid, profile_dir / f"profile-{scenario}-client"),
+            ]
+        try:
+            code = runner.wait(timeout)
+        except subprocess.TimeoutExpired:
+            runner.kill()
+            runner.wait()
+            raise RuntimeError(f"{system} {scenario} runner took over {timeout:.0f}s") from None
+        finally:
+            for profiler in profilers:
+                profiler.finish()
+        if code != 0:
+            raise RuntimeError(f"{system} {scenario} runner exited with {code}")
+        result: dict[str, Any] = json.loads(out.read_text())
+        result["redis_used_memory_delta"] = procs.used_memory(url) - memory_before
+        return result

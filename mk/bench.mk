@@ -1,0 +1,36 @@
+# Benchmarks (issue 5): delayq side by side with BullMQ (Node, npm) and arq (PyPI).
+# `make bench-full` writes bench/results/; `make bench-quick` is the < 2 min CI smoke run
+# (checks completion and sanity only, never timing). See bench/README.md.
+BENCH_PEERS := bench/peers
+# arq pins redis<6 while .venv has redis 8, so arq gets its own venv.
+BENCH_ARQ_VENV := $(BENCH_PEERS)/.venv
+BENCH_STAMP := $(VENV)/.bench-deps-stamp
+
+.PHONY: bench-deps bench-full bench-quick bench-profile
+
+$(BENCH_STAMP): bench/requirements.txt $(STAMP)
+	$(PY) -m pip install -q -r bench/requirements.txt
+	touch $@
+
+$(BENCH_ARQ_VENV)/.deps-stamp: bench/requirements-arq.txt
+	python3 -m venv $(BENCH_ARQ_VENV)
+	$(BENCH_ARQ_VENV)/bin/python -m pip install -q -r bench/requirements-arq.txt
+	touch $@
+
+$(BENCH_PEERS)/node_modules/.deps-stamp: $(BENCH_PEERS)/package.json $(BENCH_PEERS)/package-lock.json
+	cd $(BENCH_PEERS) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+bench-deps: deps $(BENCH_STAMP) $(BENCH_ARQ_VENV)/.deps-stamp $(BENCH_PEERS)/node_modules/.deps-stamp
+
+bench-full: bench-deps
+	$(PY) -m bench.harness $(BENCH_ARGS)
+
+bench-quick: bench-deps
+	$(PY) -m bench.harness --quick $(BENCH_ARGS)
+
+# py-spy of the delayq server and client per scenario -> bench/results/profile/.
+bench-profile: bench-deps
+	$(PY) -m bench.harness --profile $(BENCH_ARGS)
+
+TEST_TARGETS += bench-quick
