@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 import time
 from pathlib import Path
@@ -126,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     figures: dict[str, dict[str, Figure]] = {}
     samples: dict[int, dict[str, list[float]]] = {}
     problems: list[str] = []
+    cpu: dict[str, dict[str, list[dict[str, float]]]] = {}
     plans = {system: plan(system, args) for system in args.systems}
     total = sum(len(steps) for steps in plans.values()) * args.runs
     done = 0
@@ -146,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
                 timeout = 600 + float(params.get("lead_s", 0)) + args.redelivery_timeout
+                slug = re.sub(r"[^a-z0-9]+", "-", step.name.replace(",", ""))
                 try:
                     result = run_once(
                         tools,
@@ -153,19 +156,21 @@ def main(argv: list[str] | None = None) -> int:
                         step.scenario,
                         params,
                         timeout=timeout,
-                        profile_dir=out if args.profile else None,
+                        profile=out / f"profile-{slug}" if args.profile else None,
                     )
                 except RuntimeError as err:
                     problems.append(f"{system} {step.name}: {err}")
                     print(f"    FAILED: {err}", file=sys.stderr, flush=True)
                     continue
                 problems += Step(step.scenario, step.name, params).sanity(system, result)
+                cpu.setdefault(system, {}).setdefault(step.name, []).append(result["cpu"])
+                print(f"    cpu: {result['cpu']}", file=sys.stderr, flush=True)
                 for key, value in step.figures(result).items():
                     figures.setdefault(key, {}).setdefault(system, Figure()).runs.append(value)
                     print(f"    {key} = {value:,.3f}", file=sys.stderr, flush=True)
                 if step.scenario == "lateness":
                     samples[int(params["rate"])][system] += result["lateness_ms"]
-    write(args, out, figures, samples, problems)
+    write(args, out, figures, samples, problems, cpu)
     return 1 if problems and args.check else 0
 
 
@@ -175,6 +180,7 @@ def write(
     figures: dict[str, dict[str, Figure]],
     samples: dict[int, dict[str, list[float]]],
     problems: list[str],
+    cpu: dict[str, dict[str, list[dict[str, float]]]],
 ) -> None:
     rows = metrics(args.lateness_rates)
     params = {k: v for k, v in vars(args).items() if k not in ("out", "check")}
@@ -196,7 +202,7 @@ def write(
     md = report.markdown(rows, figures, args.systems, meta, params, pngs, problems)
     (out / "results.md").write_text(md)
     (out / "results.json").write_text(
-        json.dumps(report.record(figures, meta, params, problems), indent=2) + "\n"
+        json.dumps(report.record(figures, meta, params, problems, cpu), indent=2) + "\n"
     )
     print()
     print(report.table(rows, figures, args.systems, float(args.redelivery_timeout)))

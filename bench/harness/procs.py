@@ -40,8 +40,8 @@ def stop(proc: subprocess.Popen[bytes] | subprocess.Popen[str], grace: float = 5
 
 
 @contextlib.contextmanager
-def redis_server() -> Iterator[str]:
-    """Start an empty, non-persistent redis-server on a free port; yield its URL."""
+def redis_server() -> Iterator[tuple[str, int]]:
+    """Start an empty, non-persistent redis-server on a free port; yield (URL, pid)."""
     exe = shutil.which("redis-server")
     if exe is None:
         raise RuntimeError("redis-server not found: run `make system-deps`")
@@ -81,7 +81,7 @@ def redis_server() -> Iterator[str]:
                     raise RuntimeError(f"redis-server on port {port} did not start") from None
                 time.sleep(0.02)
         client.close()
-        yield url
+        yield url, proc.pid
     finally:
         stop(proc)
         shutil.rmtree(workdir, ignore_errors=True)
@@ -108,16 +108,20 @@ def redis_time(url: str) -> float:
 
 
 @contextlib.contextmanager
-def delayq_server(redis_url: str, python: str) -> Iterator[tuple[str, int]]:
-    """Start `python -m delayq_server` on a free port; yield (address, pid) once it listens."""
+def delayq_server(redis_url: str, python: str, log: Path) -> Iterator[tuple[str, int]]:
+    """Start `python -m delayq_server` on a free port; yield (address, pid) once it listens.
+
+    Its log (stderr) goes to `log`."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(
-        [python, "-m", "delayq_server", "--redis-url", redis_url, "--listen", "127.0.0.1:0"],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=REPO,
-    )
+    with log.open("wb") as log_file:
+        proc = subprocess.Popen(
+            [python, "-m", "delayq_server", "--redis-url", redis_url, "--listen", "127.0.0.1:0"],
+            stdout=subprocess.PIPE,
+            stderr=log_file,
+            text=True,
+            env=env,
+            cwd=REPO,
+        )
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline().strip()

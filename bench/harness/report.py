@@ -62,6 +62,8 @@ def machine() -> dict[str, Any]:
         "kernel": platform.release(),
         "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
         "commit": _run("git", "rev-parse", "--short", "HEAD"),
+        # The delayq server runs from the working tree: say when it differs from the commit.
+        "server_uncommitted": _run("git", "status", "--porcelain", "--", "server").splitlines(),
         "versions": versions,
     }
 
@@ -107,7 +109,7 @@ def ratio_cell(figures: dict[str, Figure], peer: str, metric: Metric, timeout: f
         return ""
     if math.isinf(theirs.median) and not math.isinf(ours.median):
         # The peer did not redeliver within the timeout: the ratio is at most this.
-        return f"< {ours.median / timeout:.3f}x"
+        return f"< {ours.median / timeout:.2g}x"
     r = ratio(ours.median, theirs.median)
     return "" if math.isnan(r) else f"{r:.3g}x"
 
@@ -150,6 +152,14 @@ def markdown(
         f"load average at end {meta['loadavg_at_end']}",
         f"Redis {v['redis']} · Python {v['python']} (grpcio {v['grpcio']}) · Node {v['node']} · "
         f"BullMQ {v['bullmq']} · arq {v['arq']}",
+        *(
+            [
+                f"delayq server from the working tree: {len(meta['server_uncommitted'])} files "
+                "under server/ differed from the commit at the end of the run"
+            ]
+            if meta.get("server_uncommitted")
+            else []
+        ),
         "",
         f"Each figure: median of {params['runs']} runs [min, max]; every run on a fresh "
         "redis-server (and delayq server), one system at a time; ratios are delayq/peer medians.",
@@ -165,10 +175,15 @@ def markdown(
 
 
 def record(
-    figures: Figures, meta: dict[str, Any], params: dict[str, Any], problems: list[str]
+    figures: Figures,
+    meta: dict[str, Any],
+    params: dict[str, Any],
+    problems: list[str],
+    cpu: dict[str, Any],
 ) -> dict[str, Any]:
-    """The JSON written beside the Markdown."""
+    """The JSON written beside the Markdown (with CPU seconds per process and run)."""
     return {
+        "cpu_per_run": cpu,
         "machine": meta,
         "params": params,
         "figures": {

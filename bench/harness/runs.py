@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import procs
+from bench.harness.profiles import CpuSampler, summarize
 
 SYSTEMS = ("delayq", "bullmq", "arq")
 LABELS = {"delayq": "delayq", "bullmq": "BullMQ", "arq": "arq"}
@@ -89,6 +90,9 @@ class Profiler:
                 proc.wait(30)
             except subprocess.TimeoutExpired:
                 proc.kill()
+        raw = self.out.with_suffix(".txt")
+        if raw.exists():
+            self.out.with_name(self.out.name + "-top.txt").write_text(summarize(raw))
 
 
 def run_once(
@@ -98,28 +102,34 @@ def run_once(
     params: dict[str, Any],
     *,
     timeout: float,
-    profile_dir: Path | None = None,
+    profile: Path | None = None,
 ) -> dict[str, Any]:
-    """Run one scenario on fresh processes; the runner's result plus Redis memory figures."""
+    """Run one scenario on fresh processes: the runner's result, plus Redis memory growth
+    and the CPU seconds of each process (runner, redis, delayq server)."""
     with ExitStack() as stack:
-        url = stack.enter_context(procs.redis_server())
-        command = [*runner_command(tools, system), scenario, "--redis-url", url]
-        server_pid = 0
-        if system == "delayq":
-            address, server_pid = stack.enter_context(procs.delayq_server(url, tools.python))
-            command += ["--target", address]
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="delayq-bench-")))
+        url, redis_pid = stack.enter_context(procs.redis_server())
+        command = [*runner_command(tools, system), scenario, "--redis-url", url]
+        pids = {"redis": redis_pid}
+        server_log = workdir / "server.log"
+        if system == "delayq":
+            address, pids["server"] = stack.enter_context(
+                procs.delayq_server(url, tools.python, server_log)
+            )
+            command += ["--target", address]
         out = workdir / "result.json"
         command += ["--params", json.dumps(params), "--out", str(out)]
         memory_before = procs.used_memory(url)
         profilers: list[Profiler] = []
         runner = subprocess.Popen(command, cwd=procs.REPO)
-        if profile_dir is not None and tools.py_spy is not None and system == "delayq":
-            profile_dir.mkdir(parents=True, exist_ok=True)
+        pids["runner"] = runner.pid
+        if profile is not None and tools.py_spy is not None and system == "delayq":
+            profile.parent.mkdir(parents=True, exist_ok=True)
             profilers = [
-                Profiler(tools.py_spy, server_pid, profile_dir / f"profile-{scenario}-server"),
-                Profiler(tools.py_spy, runner.pid, profile_dir / f"profile-{scenario}-client"),
+                Profiler(tools.py_spy, pids["server"], profile.with_name(profile.name + "-server")),
+                Profiler(tools.py_spy, runner.pid, profile.with_name(profile.name + "-client")),
             ]
+        cpu = CpuSampler(pids)
         try:
             code = runner.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -127,10 +137,13 @@ def run_once(
             runner.wait()
             raise RuntimeError(f"{system} {scenario} runner took over {timeout:.0f}s") from None
         finally:
+            usage = cpu.stop()
             for profiler in profilers:
                 profiler.finish()
         if code != 0:
-            raise RuntimeError(f"{system} {scenario} runner exited with {code}")
+            tail = server_log.read_text()[-2000:] if server_log.exists() else ""
+            raise RuntimeError(f"{system} {scenario} runner exited with {code}\n{tail}")
         result: dict[str, Any] = json.loads(out.read_text())
         result["redis_used_memory_delta"] = procs.used_memory(url) - memory_before
+        result["cpu"] = usage
         return result
