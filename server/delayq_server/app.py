@@ -68,11 +68,19 @@ class App:
         self.dispatcher = Dispatcher(self.store, self.hub, self.server_id)
         self.timers = Timers(self.store, self.hub, self.dispatcher.on_reaped)
         self.listener = events.PubSubListener(
-            self.redis, self.hub, self.server_id, self.dispatcher.on_credit_nonces
+            self.redis,
+            self.hub,
+            self.server_id,
+            self.dispatcher.on_credit_nonces,
+            on_subscribed=self._resync,
         )
         self.health = health_aio.HealthServicer()
         self.server = grpc.aio.server(options=SERVER_OPTIONS)
         self.port = 0
+
+    def _resync(self) -> None:
+        self.timers.wake_all()
+        self.dispatcher.wake_all()
 
     async def start(self) -> int:
         """Checks Redis, starts loops, binds and serves; returns the bound port."""

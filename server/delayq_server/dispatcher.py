@@ -24,14 +24,18 @@ from delayq_server.store.keys import server_channel
 
 log = logging.getLogger(__name__)
 
-IDLE_FALLBACK_S = 5.0  # re-check for work when no wake-up came (lost pub/sub message)
-STALL_CHECK_S = 1.0  # with no credit, how often to re-verify outstanding leases
+IDLE_FALLBACK_S = 30.0  # re-check for work when no wake-up came (last resort)
+# With no credit and no credit message for this long, re-verify outstanding
+# leases against Redis (covers credit lost with a pub/sub message, or a lease
+# dropped by TTL expiry).
+STALL_CHECK_S = 10.0
 
 
 @dataclass(slots=True)
 class Outstanding:
     keys: ShardKeys
     job_id: str
+    sent: bool = False  # False between claim and the stream write
 
 
 class ConsumeStream:
@@ -70,6 +74,20 @@ class ConsumeStream:
     def tags(self) -> Iterable[str]:
         return (k.tag for shards in self._queues for k in shards)
 
+    async def _claim(self, keys: ShardKeys, count: int, prefix: str) -> list[Claimed]:
+        """One claim script call that survives the stream being cancelled mid-call.
+
+        If the stream is cancelled while the script runs, its leases would be
+        lost until they expire; instead they are released (uncounted) as soon
+        as the call returns.
+        """
+        task = asyncio.ensure_future(self._d.store.claim(keys, count, self._lease_ms, prefix))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            self._d.release_orphaned(keys, task)
+            raise
+
     async def _claim_round(self) -> list[tuple[ShardKeys, Claimed]]:
         """Claims in priority order: a later queue only gets the credit left over."""
         got: list[tuple[ShardKeys, Claimed]] = []
@@ -82,7 +100,7 @@ class ConsumeStream:
                 if budget <= 0:
                     break
                 prefix = f"{self._d.server_id}.{self.seq}.{next(self._claims)}."
-                claimed = await self._d.store.claim(keys, budget, self._lease_ms, prefix)
+                claimed = await self._claim(keys, budget, prefix)
                 if claimed:
                     self._d.hub.fire(events.LEASE, keys.tag)
                 for c in claimed:
@@ -103,6 +121,12 @@ class ConsumeStream:
                 continue
             batch = await self._claim_round()
             if batch:
+                # Handed to gRPC from here on: the client may have it even if
+                # the write is interrupted, so its attempt counts.
+                for _, c in batch:
+                    o = self.outstanding.get(c.nonce)
+                    if o is not None:
+                        o.sent = True
                 yield batch
                 continue
             with contextlib.suppress(TimeoutError):
@@ -121,12 +145,13 @@ class ConsumeStream:
 
     async def release(self) -> int:
         by_shard: dict[ShardKeys, list[LeaseRef]] = defaultdict(list)
+        unsent = frozenset(n for n, o in self.outstanding.items() if not o.sent)
         for nonce, o in self.outstanding.items():
             by_shard[o.keys].append(LeaseRef(o.job_id, nonce))
         self.outstanding.clear()
         released = 0
         for keys, leases in by_shard.items():
-            released += await self._d.store.release(keys, leases)
+            released += await self._d.store.release(keys, leases, unsent=unsent)
         return released
 
 
@@ -169,6 +194,23 @@ class Dispatcher:
         self._releases.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.warning("releasing leases of a closed stream failed: %s", task.exception())
+
+    def release_orphaned(self, keys: ShardKeys, claim: asyncio.Future[list[Claimed]]) -> None:
+        """Releases, uncounted, whatever a cancelled stream's in-flight claim leased."""
+
+        async def release() -> int:
+            claimed = await claim
+            leases = [LeaseRef(c.job_id, c.nonce) for c in claimed]
+            unsent = frozenset(c.nonce for c in claimed)
+            return await self.store.release(keys, leases, unsent=unsent) if leases else 0
+
+        task = asyncio.create_task(release(), name="release orphaned claim")
+        self._releases.add(task)
+        task.add_done_callback(self._release_done)
+
+    def wake_all(self) -> None:
+        for stream in self._streams.values():
+            stream.wake.set()
 
     def close_all(self) -> None:
         for stream in list(self._streams.values()):

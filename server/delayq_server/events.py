@@ -61,11 +61,13 @@ class PubSubListener:
         hub: EventHub,
         server_id: str,
         on_credit: Callable[[list[str]], None],
+        on_subscribed: Callable[[], None] = lambda: None,
     ) -> None:
         self._client = client
         self._hub = hub
         self._server_id = server_id
         self._on_credit = on_credit
+        self._on_subscribed = on_subscribed
         self._task: asyncio.Task[None] | None = None
         self.ready = asyncio.Event()
 
@@ -84,6 +86,7 @@ class PubSubListener:
                 async with self._client.pubsub() as ps:
                     await ps.subscribe(EVENTS_CHANNEL, server_channel(self._server_id))
                     self.ready.set()
+                    self._on_subscribed()
                     async for msg in ps.listen():
                         if msg.get("type") == "message":
                             self._dispatch(msg["channel"], msg["data"])

@@ -118,6 +118,9 @@ class DelayQueueService(service_pb2_grpc.DelayQueueServiceServicer):
                 )
                 if r.due_ms <= now and not r.duplicate:
                     self._hub.fire(events.READY, keys.tag)
+            ttls = [s.ttl_ms for _, s in items if s.ttl_ms]
+            if ttls:
+                self._timers.expect_expiry(keys, min(ttls))
 
         await asyncio.gather(*(run(k, v) for k, v in groups.items()))
         return [r for r in out if r is not None]
@@ -250,9 +253,11 @@ class DelayQueueService(service_pb2_grpc.DelayQueueServiceServicer):
         queue = validation.name("queue", request.queue)
         keys = await self._existing(ns, queue, request.job_id)
         try:
-            state = await self._store.delete(keys, request.job_id)
+            state, nonce = await self._store.delete(keys, request.job_id)
         except UnknownJob:
             raise NotFound(f"job {request.job_id!r} not found in queue {ns}/{queue}") from None
+        if nonce:  # a deleted lease gives its stream the credit back
+            await self._dispatcher.credit([ids.LeaseToken(keys, request.job_id, nonce)])
         return service_pb2.DeleteResponse(previous_state=int(state))  # type: ignore[arg-type]
 
     @errors.unary

@@ -144,21 +144,21 @@ def test_extend_lease_keeps_the_job(stub: Stub, queue: str) -> None:
 
 def test_dead_lettered_after_max_attempts(stub: Stub, queue: str) -> None:
     job_id = enqueue(stub, queue, max_attempts=3, retry=job_pb2.RetryPolicy(initial_backoff=ms(0)))
-    with Consumer(stub, [queue]) as c:
+    with Consumer(stub, [queue]) as c:  # one stream throughout: no closing stream to race
         for attempt in (1, 2, 3):
             (d,) = c.take()
             assert d.attempt == attempt
             stub.Nack(service_pb2.NackRequest(lease_token=d.lease_token, reason=f"fail {attempt}"))
-    job = query(stub, queue, job_id)
-    assert (job.state, job.attempts, job.last_error) == (job_pb2.JOB_STATE_DEAD, 3, "fail 3")
-    s = stats(stub, queue)
-    assert (s.dead, s.dead_lettered_total, s.retried_total) == (1, 1, 2)
-    dead = stub.ListDeadJobs(service_pb2.ListDeadJobsRequest(queue=queue))
-    assert [j.id for j in dead.jobs] == [job_id]
-    assert stub.RedriveDeadJobs(service_pb2.RedriveDeadJobsRequest(queue=queue)).redriven == 1
-    with Consumer(stub, [queue]) as c:
+        wait_until(lambda: query(stub, queue, job_id).state == job_pb2.JOB_STATE_DEAD)
+        job = query(stub, queue, job_id)
+        assert (job.attempts, job.last_error) == (3, "fail 3")
+        s = stats(stub, queue)
+        assert (s.dead, s.dead_lettered_total, s.retried_total) == (1, 1, 2)
+        dead = stub.ListDeadJobs(service_pb2.ListDeadJobsRequest(queue=queue))
+        assert [j.id for j in dead.jobs] == [job_id]
+        assert stub.RedriveDeadJobs(service_pb2.RedriveDeadJobsRequest(queue=queue)).redriven == 1
         (d,) = c.take()
-        assert d.job.id == job_id and d.attempt == 1
+        assert d.job.id == job_id and d.attempt == 1  # attempts start over
 
 
 def test_nack_dead_letter_flag(stub: Stub, queue: str) -> None:

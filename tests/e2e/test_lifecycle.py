@@ -120,3 +120,14 @@ def test_batch_of_many_jobs_across_queues(stub: Stub, queue: str) -> None:
     ids = [r.response.job_id for r in resp.results]
     assert len(set(ids)) == 1000
     assert sum(stats(stub, f"{queue}-{i}").ready for i in range(3)) == 1000
+
+
+def test_deleting_a_leased_job_gives_its_stream_the_credit_back(stub: Stub, queue: str) -> None:
+    first = enqueue(stub, queue)
+    with Consumer(stub, [queue], max_outstanding=1) as c:
+        (d,) = c.take()
+        assert d.job.id == first
+        stub.Delete(service_pb2.DeleteRequest(queue=queue, job_id=first))
+        second = enqueue(stub, queue)
+        (d2,) = c.take(timeout=5)  # no ack was sent: the delete freed the slot
+        assert d2.job.id == second

@@ -22,7 +22,8 @@ async def test_delete_in_each_state_leaves_nothing(store: Store, shard: Shard, s
         job_id, expected = (await shard.leased()).job_id, JobState.LEASED
     else:
         job_id, expected = await shard.dead(), JobState.DEAD
-    assert await store.delete(shard.keys, job_id) == expected
+    was, nonce = await store.delete(shard.keys, job_id)
+    assert was == expected and bool(nonce) == (expected == JobState.LEASED)
     assert await shard.snapshot() == empty
     with pytest.raises(UnknownJob):
         await store.delete(shard.keys, job_id)
@@ -39,8 +40,10 @@ async def test_expire_drops_jobs_in_any_state_and_counts(store: Store, shard: Sh
     await shard.ready(ttl_ms=2_000)
     await shard.leased(ttl_ms=2_000)
     keep = await shard.ready(ttl_ms=9_000)
-    assert await store.expire(shard.keys, now_ms=T0 + 1_999) == (0, 0)
-    assert await store.expire(shard.keys, now_ms=T0 + 2_000) == (3, 0)
+    early = await store.expire(shard.keys, now_ms=T0 + 1_999)
+    assert (early.expired, early.next_ms) == (0, T0 + 2_000)
+    due = await store.expire(shard.keys, now_ms=T0 + 2_000)
+    assert (due.expired, due.next_ms) == (3, T0 + 9_000)
     snap = await shard.snapshot()
     assert snap["records"] == [shard.keys.record(keep)]
     assert int(await store.redis.hget(shard.keys.stats, "expired") or 0) == 3

@@ -190,3 +190,19 @@ async def test_release_on_final_attempt_dead_letters(store: Store, shard: Shard)
     held = await shard.leased(max_attempts=1)
     assert await store.release(shard.keys, [held], T0) == 0
     assert await shard.state(held.job_id) == JobState.DEAD
+
+
+async def test_held_tells_current_leases_from_gone_ones(store: Store, shard: Shard) -> None:
+    kept, acked = await shard.leased(), await shard.leased()
+    await store.ack(shard.keys, [acked])
+    stale = LeaseRef(kept.job_id, "t.0.0.0")
+    assert await store.held(shard.keys, [kept, acked, stale]) == [True, False, False]
+
+
+async def test_release_of_an_unsent_claim_does_not_count_the_attempt(
+    store: Store, shard: Shard
+) -> None:
+    held = await shard.leased()
+    assert await store.release(shard.keys, [held], T0, unsent=frozenset({held.nonce})) == 1
+    rec, _ = await store.get(shard.keys, held.job_id)
+    assert (rec.state, rec.attempts) == (JobState.READY, 0)

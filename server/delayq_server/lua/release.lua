@@ -4,7 +4,8 @@
 -- KEYS[3] dead    ZSET  job id -> time of death ms
 -- KEYS[4] stats   HASH  counters
 -- ARGV[1] prefix, ARGV[2] now ms ('' = Redis TIME), ARGV[3] events channel,
--- ARGV[4] n (<= 1000), then n pairs: job id, nonce
+-- ARGV[4] n (<= 1000), then n triples: job id, nonce, sent (1 = the delivery reached
+-- the stream; 0 = claimed but never sent, so its attempt is not counted)
 -- Returns: number of jobs released (tokens no longer current are skipped).
 -- Released jobs go to the consuming end of the list: they were due first.
 -- The attempt was counted at claim, so a job that crashes every worker that
@@ -16,10 +17,11 @@ local now = now_ms(ARGV[2])
 local released = 0
 local was_empty = redis.call('LLEN', k_ready) == 0
 for i = 0, n - 1 do
-  local id, nonce = ARGV[5 + i * 2], ARGV[6 + i * 2]
+  local id, nonce, sent = ARGV[5 + i * 3], ARGV[6 + i * 3], ARGV[7 + i * 3]
   local rec = load(prefix, id)
   if rec and rec[R_STATE] == S_LEASED and rec[R_TOKEN] == nonce then
     redis.call('ZREM', k_leased, id)
+    if sent == '0' then rec[R_ATTEMPTS] = rec[R_ATTEMPTS] - 1 end
     if rec[R_ATTEMPTS] >= rec[R_MAX] then
       to_dead(prefix, k_dead, k_stats, id, rec, now, 'consumer went away on the final attempt')
     else

@@ -108,6 +108,14 @@ class ReapResult:
 
 
 @dataclass(frozen=True, slots=True)
+class ExpireResult:
+    expired: int
+    trimmed: int
+    next_ms: int | None  # when the shard next needs a sweep; None: nothing pending
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class ShardStats:
     scheduled: int
     ready: int
@@ -331,15 +339,24 @@ class Store:
         return ReapResult(reaped, None if next_deadline < 0 else next_deadline, now, count >= limit)
 
     async def release(
-        self, keys: ShardKeys, leases: Sequence[LeaseRef], now_ms: int | None = None
+        self,
+        keys: ShardKeys,
+        leases: Sequence[LeaseRef],
+        now_ms: int | None = None,
+        *,
+        unsent: frozenset[str] = frozenset(),
     ) -> int:
-        """Puts a closed stream's current leases back to ready; returns how many."""
+        """Puts a closed stream's current leases back to ready; returns how many.
+
+        Leases whose nonce is in ``unsent`` were claimed but never reached the
+        stream: their attempt is not counted.
+        """
         released = 0
         for start in range(0, len(leases), MAX_BATCH):
             chunk = leases[start : start + MAX_BATCH]
             args: list[Any] = [keys.prefix, _now_arg(now_ms), EVENTS_CHANNEL, len(chunk)]
             for lease in chunk:
-                args += [lease.job_id, lease.nonce]
+                args += [lease.job_id, lease.nonce, 0 if lease.nonce in unsent else 1]
             released += int(
                 await self._run("release", [keys.ready, keys.leased, keys.dead, keys.stats], args)
             )
@@ -356,22 +373,20 @@ class Store:
             keys.stats,
         ]
 
-    async def delete(self, keys: ShardKeys, job_id: str) -> JobState:
-        """Removes a job in any state; returns the state it was in."""
-        state = int(
-            await self._run(
-                "delete", self._all_keys(keys), [keys.prefix, self.bucket_width_ms, job_id]
-            )
+    async def delete(self, keys: ShardKeys, job_id: str) -> tuple[JobState, str]:
+        """Removes a job in any state; returns the state it was in and its lease nonce."""
+        state, nonce = await self._run(
+            "delete", self._all_keys(keys), [keys.prefix, self.bucket_width_ms, job_id]
         )
-        if state == 0:
+        if int(state) == 0:
             raise UnknownJob(job_id)
-        return JobState(state)
+        return JobState(int(state)), _s(nonce)
 
     async def expire(
         self, keys: ShardKeys, limit: int = EXPIRE_LIMIT, now_ms: int | None = None
-    ) -> tuple[int, int]:
-        """Drops TTL-expired jobs and trims completed tombstones: (expired, trimmed)."""
-        expired, trimmed = await self._run(
+    ) -> ExpireResult:
+        """Drops TTL-expired jobs and trims completed tombstones."""
+        expired, trimmed, next_ms, now = await self._run(
             "expire",
             self._all_keys(keys),
             [
@@ -382,7 +397,9 @@ class Store:
                 self.completed_retention_ms,
             ],
         )
-        return int(expired), int(trimmed)
+        return ExpireResult(
+            int(expired), int(trimmed), None if next_ms < 0 else int(next_ms), int(now)
+        )
 
     async def dead_action(
         self, keys: ShardKeys, action: str, job_ids: Sequence[str], limit: int
@@ -407,6 +424,20 @@ class Store:
         if raw is None:
             raise UnknownJob(job_id)
         return records.decode(raw), int(sec) * 1000 + int(usec) // 1000
+
+    async def held(self, keys: ShardKeys, leases: Sequence[LeaseRef]) -> list[bool]:
+        """Whether each lease is still current (read-only, pipelined)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for lease in leases:
+                pipe.get(keys.record(lease.job_id))
+            raws = await pipe.execute()
+        out = []
+        for lease, raw in zip(leases, raws, strict=True):
+            rec = None if raw is None else records.decode(cast(bytes, raw))
+            out.append(
+                rec is not None and rec.state == JobState.LEASED and rec.nonce == lease.nonce
+            )
+        return out
 
     async def lease_deadline(self, keys: ShardKeys, job_id: str) -> int | None:
         score = await self.redis.zscore(keys.leased, job_id)

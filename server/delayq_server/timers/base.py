@@ -8,7 +8,9 @@ import logging
 
 log = logging.getLogger(__name__)
 
-FALLBACK_S = 5.0  # longest sleep without a wake-up: covers lost pub/sub messages
+# Longest sleep without a wake-up. Wake-ups lost while pub/sub was disconnected
+# are covered by waking every loop on resubscribe; this is the last resort.
+FALLBACK_S = 30.0
 ERROR_BACKOFF_S = 0.5
 
 

@@ -1,32 +1,47 @@
-"""Janitor: drops TTL-expired jobs and trims completed tombstones, every second.
+"""Janitor: drops TTL-expired jobs and trims completed tombstones.
 
-A fixed tick is fine here: claim.lua refuses to deliver an expired job, so
-this loop only frees memory and keeps counts honest.
+It sweeps a shard only when the shard's next expiry or trim falls due (each
+sweep reports the next one), and every shard at least every RESWEEP_S for
+jobs that other replicas added. claim.lua refuses to deliver an expired job,
+so this loop only frees memory and keeps counts honest.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from delayq_server.store import ShardKeys, Store
-from delayq_server.store.store import EXPIRE_LIMIT
 from delayq_server.timers.base import Loop
 
-INTERVAL_S = 1.0
+INTERVAL_S = 0.25  # granularity of sweeps that are due
+RESWEEP_S = 30.0
 
 
 class Janitor(Loop):
-    """One per server, sweeping every known shard."""
+    """One per server, sweeping every known shard when it needs it."""
 
     name = "janitor"
 
     def __init__(self, store: Store, shards: Callable[[], list[ShardKeys]]) -> None:
         super().__init__()
         self._store, self._shards = store, shards
+        self._due: dict[ShardKeys, float] = {}  # shard -> monotonic time of next sweep
+
+    def expect(self, keys: ShardKeys, in_ms: int) -> None:
+        """A job with a TTL was added here: sweep no later than its expiry."""
+        at = time.monotonic() + in_ms / 1000
+        if at < self._due.get(keys, float("inf")):
+            self._due[keys] = at
 
     async def tick(self) -> float | None:
-        again = False
+        now = time.monotonic()
         for keys in self._shards():
-            expired, _ = await self._store.expire(keys, EXPIRE_LIMIT)
-            again = again or expired >= EXPIRE_LIMIT
-        return 0 if again else INTERVAL_S
+            if self._due.get(keys, 0.0) > now:
+                continue
+            res = await self._store.expire(keys)
+            wait = RESWEEP_S
+            if res.next_ms is not None:
+                wait = min(wait, max(0.0, (res.next_ms - res.now_ms) / 1000))
+            self._due[keys] = now + wait
+        return INTERVAL_S

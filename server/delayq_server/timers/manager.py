@@ -43,6 +43,15 @@ class Timers:
                 reaper.start()
                 self._loops[keys] = (promoter, reaper)
 
+    def expect_expiry(self, keys: ShardKeys, in_ms: int) -> None:
+        self._janitor.expect(keys, in_ms)
+
+    def wake_all(self) -> None:
+        """After a pub/sub gap (reconnect) wake-ups may have been lost: re-check everything."""
+        for promoter, reaper in self._loops.values():
+            promoter.wake.set()
+            reaper.wake.set()
+
     async def refresh(self) -> None:
         for ns, queue in await self._store.known_queues():
             shards = await self._store.shard_count(ns, queue, create=False)
