@@ -18,7 +18,9 @@ $(BENCH_ARQ_VENV)/.deps-stamp: bench/requirements-arq.txt
 	touch $@
 
 $(BENCH_PEERS)/node_modules/.deps-stamp: $(BENCH_PEERS)/package.json $(BENCH_PEERS)/package-lock.json
-	cd $(BENCH_PEERS) && npm ci --no-audit --no-fund --loglevel=error
+	@# npm install, not npm ci: npm leaves msgpackr's optional per-platform packages out
+	@# of the lock file here, and npm ci then refuses it; install still keeps locked versions.
+	cd $(BENCH_PEERS) && npm install --no-audit --no-fund --loglevel=error
 	touch $@
 
 bench-deps: deps $(BENCH_STAMP) $(BENCH_ARQ_VENV)/.deps-stamp $(BENCH_PEERS)/node_modules/.deps-stamp

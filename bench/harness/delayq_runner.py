@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+# The redelivery scenario forks worker A from a process that uses gRPC; the child execs at
+# once, so gRPC's fork handlers (and their warning) are not needed.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 import grpc
 import uvloop
