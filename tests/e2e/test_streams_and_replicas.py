@@ -10,7 +10,7 @@ import time
 from collections import Counter
 
 from delayq.v1 import job_pb2, service_pb2
-from tests.support.rpc import Consumer, Stub, ack, enqueue, query, stats
+from tests.support.rpc import Consumer, Stub, ack, enqueue, ms, query, stats
 from tests.support.servers import ROOT, DelayqProcess, ManagedRedis, wait_until
 
 
@@ -129,3 +129,19 @@ def test_graceful_shutdown_ends_streams_and_releases_leases(
         proc.kill()
     with DelayqProcess(redis_server.url) as again, again.channel() as ch2:
         assert query(again.stub(ch2), queue, job_id).state == job_pb2.JOB_STATE_READY
+
+
+def test_a_job_promoted_by_another_replica_wakes_this_replicas_stream(
+    redis_server: ManagedRedis, server: DelayqProcess, stub: Stub, queue: str
+) -> None:
+    with DelayqProcess(redis_server.url) as other, other.channel() as ch:
+        enqueue(other.stub(ch), queue)  # both replicas now run timers for the queue
+        with Consumer(stub, [queue]) as c:
+            c.take()
+            # Due in 300 ms: whichever replica's promoter gets there first, the
+            # idle stream here must wake at once, not at a fallback re-check.
+            for _ in range(5):
+                job_id = enqueue(other.stub(ch), queue, delay=ms(300))
+                (d,) = c.take(timeout=3)
+                assert d.job.id == job_id
+                ack(stub, d.lease_token)

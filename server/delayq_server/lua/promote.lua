@@ -3,10 +3,12 @@
 -- KEYS[2] ready   LIST  job ids due now
 -- KEYS[3] stats   HASH  counters ('backlog' is decremented)
 -- ARGV[1] prefix, ARGV[2] now ms ('' = Redis TIME), ARGV[3] limit (ids per call),
--- ARGV[4] bucket width ms (unused; buckets are named in the index)
+-- ARGV[4] bucket width ms (unused; buckets are named in the index), ARGV[5] events channel
 -- Returns: {moved, next due ms (-1 when the backlog is empty), now}
 -- Bounded: at most `limit` ids and 64 buckets per call, so a million jobs due
 -- at once never blocks Redis; the caller calls again while moved == limit.
+-- Publishes "<prefix> ready" when the ready list was empty: whichever replica
+-- promotes, idle streams on every replica wake.
 -- Records are not rewritten here (a due SCHEDULED record reads as READY):
 -- that keeps promotion O(ids) with no msgpack work.
 local k_index, k_ready, k_stats = KEYS[1], KEYS[2], KEYS[3]
@@ -14,6 +16,7 @@ local prefix, limit = ARGV[1], tonumber(ARGV[3])
 -- @include record
 local now = now_ms(ARGV[2])
 local moved = 0
+local was_empty = redis.call('LLEN', k_ready) == 0
 for _ = 1, 64 do
   if moved >= limit then break end
   local head = redis.call('ZRANGE', k_index, 0, 0, 'WITHSCORES')
@@ -32,7 +35,10 @@ for _ = 1, 64 do
     redis.call('ZREM', k_index, head[1])
   end
 end
-if moved > 0 then redis.call('HINCRBY', k_stats, 'backlog', -moved) end
+if moved > 0 then
+  redis.call('HINCRBY', k_stats, 'backlog', -moved)
+  if was_empty then redis.call('PUBLISH', ARGV[5], prefix .. ' ready') end
+end
 local head = redis.call('ZRANGE', k_index, 0, 0, 'WITHSCORES')
 local next_due = -1
 if head[2] then next_due = tonumber(head[2]) end

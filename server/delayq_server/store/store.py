@@ -249,7 +249,7 @@ class Store:
         moved, next_due, now = await self._run(
             "promote",
             [keys.index, keys.ready, keys.stats],
-            [keys.prefix, _now_arg(now_ms), limit, self.bucket_width_ms],
+            [keys.prefix, _now_arg(now_ms), limit, self.bucket_width_ms, EVENTS_CHANNEL],
         )
         return PromoteResult(int(moved), None if next_due < 0 else int(next_due), int(now))
 
