@@ -35,13 +35,13 @@ FULL = {
 }
 QUICK = {
     "runs": 1,
-    "lateness_duration": 1.5,
+    "lateness_duration": 1.0,
     "enqueue_single_jobs": 3_000,
     "enqueue_batch_jobs": 20_000,
     "memory_jobs": 10_000,
     "drain_jobs": 5_000,
     "redelivery_timeout": 3.0,
-    "lateness_grace": 30.0,
+    "lateness_grace": 60.0,
     "out": str(REPO / ".run" / "bench-quick"),
 }
 
