@@ -5,10 +5,13 @@
 -- KEYS[4] exp     ZSET  job id -> expire ms (jobs with a TTL only)
 -- ARGV[1] prefix (dq:{ns/queue/shard}:), ARGV[2] now ms ('' = Redis TIME),
 -- ARGV[3] bucket width ms, ARGV[4] idempotency window ms, ARGV[5] events channel,
--- ARGV[6] job count n (<= 1000, enforced by the caller), then per job 11 fields:
+-- ARGV[6] job count n (<= 1000, enforced by the caller),
+-- ARGV[7] the jobs: one msgpack array of n arrays of 12 fields each:
 --   id, delay_ms (-1 when due_at is given), due_at ms (-1), ttl ms (0 none),
 --   max_attempts, backoff init ms, backoff max ms, multiplier, jitter,
---   headers (msgpack map bytes), payload, idempotency key ('' none)  [12 fields]
+--   headers (msgpack map bytes), payload, idempotency key ('' none)
+-- (one packed argument instead of 12 per job: argument encoding was a quarter
+-- of the server's CPU per batched job)
 -- Returns: {now, then per job: id, due ms, duplicate 0/1}
 -- Publishes "<prefix> ready" when the ready list was empty and got jobs, and
 -- "<prefix> due <ms>" when the earliest due time moved earlier, so idle
@@ -25,10 +28,11 @@ local head = redis.call('ZRANGE', k_index, 0, 0, 'WITHSCORES')
 local head_due = head[2] and tonumber(head[2]) or nil
 local pushed, earliest, stored = 0, nil, 0
 local out = {now}
+local jobs = cmsgpack.unpack(ARGV[7])
 for i = 0, n - 1 do
-  local a = 7 + i * 12
-  local id, delay, due_at, ttl = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-  local ikey = ARGV[a + 11]
+  local j = jobs[i + 1]
+  local id, delay, due_at, ttl = j[1], j[2], j[3], j[4]
+  local ikey = j[12]
   local existing = false
   if ikey ~= '' then
     local k = prefix .. 'idem:' .. ikey
@@ -50,9 +54,8 @@ for i = 0, n - 1 do
     if due < now then due = now end
     local expire = 0
     if ttl > 0 then expire = now + ttl end
-    local rec = {S_SCHEDULED, 0, tonumber(ARGV[a + 4]), due, now, expire, 0, 0, '', '',
-      tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7]), tonumber(ARGV[a + 8]),
-      ARGV[a + 9], ARGV[a + 10]}
+    local rec = {S_SCHEDULED, 0, j[5], due, now, expire, 0, 0, '', '',
+      j[6], j[7], j[8], j[9], j[10], j[11]}
     if due <= now then
       rec[R_STATE] = S_READY
       save(prefix, id, rec)

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
+import msgpack
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 
@@ -136,10 +137,6 @@ def _now_arg(now_ms: int | None) -> str:
     return "" if now_ms is None else str(now_ms)
 
 
-def _fmt_float(value: float) -> str:
-    return repr(float(value))
-
-
 class Store:
     """The only object that talks to Redis."""
 
@@ -211,6 +208,26 @@ class Store:
         """Stores jobs of one shard; duplicates of an idempotency key store nothing."""
         if not 0 < len(jobs) <= MAX_BATCH:
             raise ValueError(f"enqueue takes 1 to {MAX_BATCH} jobs per call")
+        packed = msgpack.packb(
+            [
+                [
+                    j.job_id,
+                    -1 if j.delay_ms is None else j.delay_ms,
+                    -1 if j.due_at_ms is None else j.due_at_ms,
+                    j.ttl_ms,
+                    j.max_attempts,
+                    j.backoff_initial_ms,
+                    j.backoff_max_ms,
+                    float(j.multiplier),
+                    float(j.jitter),
+                    records.pack_headers(j.headers),
+                    j.payload,
+                    j.idempotency_key,
+                ]
+                for j in jobs
+            ],
+            use_bin_type=False,  # Redis 7.0's cmsgpack predates the bin type: bytes go as raw
+        )
         args: list[Any] = [
             keys.prefix,
             _now_arg(now_ms),
@@ -218,22 +235,8 @@ class Store:
             self.idempotency_window_ms,
             EVENTS_CHANNEL,
             len(jobs),
+            packed,
         ]
-        for j in jobs:
-            args += [
-                j.job_id,
-                -1 if j.delay_ms is None else j.delay_ms,
-                -1 if j.due_at_ms is None else j.due_at_ms,
-                j.ttl_ms,
-                j.max_attempts,
-                j.backoff_initial_ms,
-                j.backoff_max_ms,
-                _fmt_float(j.multiplier),
-                _fmt_float(j.jitter),
-                records.pack_headers(j.headers),
-                j.payload,
-                j.idempotency_key,
-            ]
         out = await self._run("enqueue", [keys.index, keys.ready, keys.stats, keys.expiring], args)
         now = int(out[0])
         results = [
