@@ -17,8 +17,7 @@ from datetime import timedelta
 import pytest
 
 from delayq import AsyncClient, DeadLetter, Delivery, JobState, Retry, RetryPolicy, Worker
-from tests.client.conftest import ServerProcess
-from tests.support.servers import ROOT
+from tests.support.servers import ROOT, DelayqProcess
 
 
 async def eventually(predicate: Callable[[], bool], timeout: float = 20.0) -> None:  # noqa: ASYNC109
@@ -170,7 +169,7 @@ async def test_handler_three_times_longer_than_its_lease_completes_without_redel
 
 @pytest.mark.parametrize("how", ["kill", "terminate"])
 async def test_server_restart_mid_stream_loses_nothing(
-    delayq_server: ServerProcess, how: str
+    delayq_server: DelayqProcess, how: str
 ) -> None:
     n = 1500
     target = delayq_server.address
@@ -254,13 +253,8 @@ async def test_sigterm_finishes_in_flight_jobs_and_exits_zero(target: str) -> No
             assert (await client.get("mail", job_id)).state == JobState.READY
 
 
-# The race needs the Ack answer and the stream cancel to cross the server's dispatch
-# loop; it shows in some runs only, hence not strict.
-@pytest.mark.xfail(
-    strict=False,
-    reason="server bug: jobs claimed for a stream while it closes stay leased until "
-    "their lease runs out instead of being released at once",
-)
+# The race needs the Ack answer and the stream cancel to cross the server's
+# dispatch loop (a claim in flight while the stream is cancelled); 60 trials.
 async def test_stream_close_releases_every_lease(target: str) -> None:
     """Cancel a Consume stream right after an Ack freed credit: nothing may stay leased."""
     async with AsyncClient(target) as client:
