@@ -69,7 +69,7 @@ proto-py: $(STAMP)
 
 # Regenerates everything and fails when the committed files change.
 proto-check: proto
-	@git diff --exit-code --stat -- clients || (echo "generated code drifted from proto/: run 'make proto' and commit" >&2; exit 1)
+	@git diff --exit-code --stat -- $(PY_GEN_DIR)/delayq/v1 clients/go/delayqv1 clients/typescript/src/gen || (echo "generated code drifted from proto/: run 'make proto' and commit" >&2; exit 1)
 
 bench-lateness: deps
 	$(PY) -m bench.lateness $(BENCH_ARGS)
