@@ -10,6 +10,7 @@ import argparse
 import json
 import math
 import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -120,6 +121,8 @@ def measured_enqueue_rate(figures: dict[str, dict[str, Figure]], system: str) ->
 
 
 def main(argv: list[str] | None = None) -> int:
+    # SIGTERM unwinds like Ctrl-C, so every redis-server, server and runner is stopped.
+    signal.signal(signal.SIGTERM, lambda _sig, _frame: sys.exit(143))
     args = parse_args(argv)
     tools = Tools.find(args.systems, args.profile)
     out = Path(args.out)

@@ -122,6 +122,7 @@ def run_once(
         memory_before = procs.used_memory(url)
         profilers: list[Profiler] = []
         runner = subprocess.Popen(command, cwd=procs.REPO)
+        stack.callback(procs.stop, runner)  # a no-op once it has exited
         pids["runner"] = runner.pid
         if profile is not None and tools.py_spy is not None and system == "delayq":
             profile.parent.mkdir(parents=True, exist_ok=True)
