@@ -40,6 +40,10 @@ SERVER_OPTIONS = [
 ]
 
 
+REDIS_POOL_SIZE = 64
+FINISH_TIMEOUT_S = 5.0
+
+
 class App:
     """One delayq server replica."""
 
@@ -49,14 +53,20 @@ class App:
         # A command that fails on a dropped connection (Redis restarted, failover)
         # is retried a few times on a fresh one. Scripts are conditional, so a
         # repeat after a lost reply is at worst an extra delivery: at-least-once.
-        self.redis = aioredis.Redis.from_url(
+        # A bounded pool that waits for a free connection: a batch spread over
+        # hundreds of queues (one script call per shard, concurrently) must queue
+        # up, not fail with "Too many connections".
+        pool = aioredis.BlockingConnectionPool.from_url(
             redis_url,
+            max_connections=REDIS_POOL_SIZE,
+            timeout=10,
             decode_responses=False,
             health_check_interval=30,
             socket_connect_timeout=2,
             retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 3),
             retry_on_error=[RedisConnectionError, RedisTimeoutError],
         )
+        self.redis = aioredis.Redis.from_pool(pool)
         self.store = Store(
             self.redis,
             bucket_width_ms=cfg.bucket_width_ms,
@@ -108,6 +118,13 @@ class App:
         await self.health.enter_graceful_shutdown()
         self.dispatcher.close_all()
         await self.server.stop(grace)
+        try:
+            # Bounded: a wedged Redis must not keep the process from exiting.
+            await asyncio.wait_for(self._finish(), timeout=FINISH_TIMEOUT_S)
+        except TimeoutError:
+            log.warning("shutdown: Redis clean-up did not finish in %ss", FINISH_TIMEOUT_S)
+
+    async def _finish(self) -> None:
         await self.dispatcher.drain_releases()
         await self.timers.stop()
         await self.listener.stop()

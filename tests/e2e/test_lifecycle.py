@@ -131,3 +131,13 @@ def test_deleting_a_leased_job_gives_its_stream_the_credit_back(stub: Stub, queu
         second = enqueue(stub, queue)
         (d2,) = c.take(timeout=5)  # no ack was sent: the delete freed the slot
         assert d2.job.id == second
+
+
+def test_batch_spread_over_hundreds_of_queues(stub: Stub, queue: str) -> None:
+    # One script call per shard runs concurrently: the Redis pool must queue them.
+    reqs = [
+        service_pb2.EnqueueRequest(queue=f"{queue[:40]}-{i}", payload=b"x", delay=ms(3_600_000))
+        for i in range(300)
+    ]
+    resp = stub.EnqueueBatch(service_pb2.EnqueueBatchRequest(requests=reqs), timeout=30)
+    assert all(r.HasField("response") for r in resp.results)

@@ -76,8 +76,6 @@ class Timers:
             self._refresher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._refresher
-        await self._janitor.stop()
-        for promoter, reaper in self._loops.values():
-            await promoter.stop()
-            await reaper.stop()
+        loops = [loop for pair in self._loops.values() for loop in pair]
+        await asyncio.gather(self._janitor.stop(), *(loop.stop() for loop in loops))
         self._loops.clear()
