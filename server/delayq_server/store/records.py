@@ -59,30 +59,37 @@ def _text(value: Any) -> str:
     return str(value)
 
 
+_EMPTY_MAP = b"\x80"
+
+
 def decode(raw: bytes) -> JobRecord:
-    """Decodes a record packed by Lua's cmsgpack (strings arrive as raw bytes)."""
+    """Decodes a record packed by Lua's cmsgpack (strings arrive as raw bytes).
+
+    On every delivery's path: msgpack already yields ints, so no conversions.
+    """
     f = msgpack.unpackb(raw, raw=True, strict_map_key=False)
     headers_raw = f[14]
     headers: dict[str, str] = {}
-    if isinstance(headers_raw, bytes) and headers_raw:
+    if isinstance(headers_raw, bytes) and headers_raw and headers_raw != _EMPTY_MAP:
         decoded = msgpack.unpackb(headers_raw, raw=False)
         headers = {str(k): str(v) for k, v in decoded.items()}
     payload = f[15]
+    nonce, err = f[8], f[9]
     return JobRecord(
-        state=JobState(int(f[0])),
-        attempts=int(f[1]),
-        max_attempts=int(f[2]),
-        due_ms=int(f[3]),
-        created_ms=int(f[4]),
-        expire_ms=int(f[5]),
-        last_delivery_ms=int(f[6]),
-        finish_ms=int(f[7]),
-        nonce=_text(f[8]),
-        last_error=_text(f[9]),
-        backoff_initial_ms=int(f[10]),
-        backoff_max_ms=int(f[11]),
-        multiplier=float(f[12]),
-        jitter=float(f[13]),
-        headers=headers,
-        payload=payload if isinstance(payload, bytes) else b"",
+        JobState(f[0]),
+        f[1],
+        f[2],
+        f[3],
+        f[4],
+        f[5],
+        f[6],
+        f[7],
+        nonce.decode() if isinstance(nonce, bytes) else _text(nonce),
+        err.decode("utf-8", "replace") if isinstance(err, bytes) else _text(err),
+        f[10],
+        f[11],
+        float(f[12]),
+        float(f[13]),
+        headers,
+        payload if isinstance(payload, bytes) else b"",
     )
