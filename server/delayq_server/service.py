@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import zlib
 from collections import defaultdict
@@ -60,6 +61,16 @@ class DelayQueueService(service_pb2_grpc.DelayQueueServiceServicer):
             self._timers.ensure(namespace, queue, count)
         return count
 
+    async def _job(self, namespace: str, queue: str, job_id: str) -> ShardKeys:
+        """Validates a (namespace, queue, job id) triple and finds the job's shard."""
+        return await self._existing(
+            validation.namespace(namespace), validation.name("queue", queue), job_id
+        )
+
+    @staticmethod
+    def _not_found(keys: ShardKeys, job_id: str) -> NotFound:
+        return NotFound(f"job {job_id!r} not found in queue {keys.namespace}/{keys.queue}")
+
     async def _existing(self, namespace: str, queue: str, job_id: str) -> ShardKeys:
         shard = validation.job_id(job_id)
         shards = await self._shards(namespace, queue, create=False)
@@ -68,33 +79,21 @@ class DelayQueueService(service_pb2_grpc.DelayQueueServiceServicer):
         return ShardKeys(namespace, queue, shard)
 
     def _spec(self, inp: validation.EnqueueInput, shards: int) -> tuple[int, JobSpec]:
-        if inp.idempotency_key:
-            shard = _shard_for(inp.idempotency_key, shards)
+        if inp.spec.idempotency_key:
+            shard = _shard_for(inp.spec.idempotency_key, shards)
         else:
             self._rr += 1
             shard = self._rr % shards
-        return shard, JobSpec(
-            job_id=ids.new_job_id(shard, shards),
-            payload=inp.payload,
-            headers=inp.headers,
-            delay_ms=inp.delay_ms,
-            due_at_ms=inp.due_at_ms,
-            ttl_ms=inp.ttl_ms,
-            max_attempts=inp.max_attempts,
-            backoff_initial_ms=inp.backoff_initial_ms,
-            backoff_max_ms=inp.backoff_max_ms,
-            multiplier=inp.multiplier,
-            jitter=inp.jitter,
-            idempotency_key=inp.idempotency_key,
-        )
+        return shard, dataclasses.replace(inp.spec, job_id=ids.new_job_id(shard, shards))
 
     async def _check_ttl_vs_due(self, inputs: list[validation.EnqueueInput]) -> None:
         """TTL must outlast an absolute due time too; that needs the Redis clock."""
-        if not any(i.due_at_ms is not None and i.ttl_ms for i in inputs):
+        specs = [i.spec for i in inputs]
+        if not any(s.due_at_ms is not None and s.ttl_ms for s in specs):
             return
         now = await self._store.time_ms()
-        for i in inputs:
-            if i.due_at_ms is not None and i.ttl_ms and now + i.ttl_ms <= i.due_at_ms:
+        for s in specs:
+            if s.due_at_ms is not None and s.ttl_ms and now + s.ttl_ms <= s.due_at_ms:
                 raise InvalidArgument(
                     "ttl", "must be longer than the time until due_time: the job would expire first"
                 )
@@ -236,26 +235,22 @@ class DelayQueueService(service_pb2_grpc.DelayQueueServiceServicer):
     async def Query(
         self, request: service_pb2.QueryRequest, context: Ctx
     ) -> service_pb2.QueryResponse:
-        ns = validation.namespace(request.namespace)
-        queue = validation.name("queue", request.queue)
-        keys = await self._existing(ns, queue, request.job_id)
+        keys = await self._job(request.namespace, request.queue, request.job_id)
         try:
             rec, now = await self._store.get(keys, request.job_id)
         except UnknownJob:
-            raise NotFound(f"job {request.job_id!r} not found in queue {ns}/{queue}") from None
+            raise self._not_found(keys, request.job_id) from None
         return service_pb2.QueryResponse(job=convert.job(keys, request.job_id, rec, now))
 
     @errors.unary
     async def Delete(
         self, request: service_pb2.DeleteRequest, context: Ctx
     ) -> service_pb2.DeleteResponse:
-        ns = validation.namespace(request.namespace)
-        queue = validation.name("queue", request.queue)
-        keys = await self._existing(ns, queue, request.job_id)
+        keys = await self._job(request.namespace, request.queue, request.job_id)
         try:
             state, nonce = await self._store.delete(keys, request.job_id)
         except UnknownJob:
-            raise NotFound(f"job {request.job_id!r} not found in queue {ns}/{queue}") from None
+            raise self._not_found(keys, request.job_id) from None
         if nonce:  # a deleted lease gives its stream the credit back
             await self._dispatcher.credit([ids.LeaseToken(keys, request.job_id, nonce)])
         return service_pb2.DeleteResponse(previous_state=int(state))  # type: ignore[arg-type]

@@ -15,6 +15,7 @@ from delayq.v1 import job_pb2, service_pb2
 from delayq_server import ids
 from delayq_server.config import Config
 from delayq_server.errors import InvalidArgument
+from delayq_server.store import JobSpec
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 MAX_DELAY_MS = 366 * 86_400_000
@@ -77,19 +78,11 @@ def job_id(value: str) -> int:
 
 @dataclass(frozen=True, slots=True)
 class EnqueueInput:
+    """A validated job and where it goes; the store assigns ``spec.job_id``."""
+
     namespace: str
     queue: str
-    payload: bytes
-    headers: dict[str, str]
-    delay_ms: int | None
-    due_at_ms: int | None
-    ttl_ms: int
-    max_attempts: int
-    backoff_initial_ms: int
-    backoff_max_ms: int
-    multiplier: float
-    jitter: float
-    idempotency_key: str
+    spec: JobSpec
 
 
 def enqueue(req: service_pb2.EnqueueRequest, cfg: Config, prefix: str = "") -> EnqueueInput:
@@ -139,19 +132,22 @@ def enqueue(req: service_pb2.EnqueueRequest, cfg: Config, prefix: str = "") -> E
     if any(ord(c) < 0x20 for c in req.idempotency_key):
         raise InvalidArgument(prefix + "idempotency_key", "control characters are not allowed")
     return EnqueueInput(
-        namespace=ns,
-        queue=queue,
-        payload=req.payload,
-        headers=dict(req.headers),
-        delay_ms=delay_ms,
-        due_at_ms=due_at_ms,
-        ttl_ms=ttl_ms,
-        max_attempts=max_attempts,
-        backoff_initial_ms=initial,
-        backoff_max_ms=cap,
-        multiplier=mult,
-        jitter=jitter,
-        idempotency_key=req.idempotency_key,
+        ns,
+        queue,
+        JobSpec(
+            job_id="",
+            payload=req.payload,
+            headers=dict(req.headers),
+            delay_ms=delay_ms,
+            due_at_ms=due_at_ms,
+            ttl_ms=ttl_ms,
+            max_attempts=max_attempts,
+            backoff_initial_ms=initial,
+            backoff_max_ms=cap,
+            multiplier=mult,
+            jitter=jitter,
+            idempotency_key=req.idempotency_key,
+        ),
     )
 
 

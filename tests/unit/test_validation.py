@@ -44,7 +44,7 @@ def test_empty_namespace_is_default() -> None:
 
 
 def test_enqueue_defaults_come_from_config() -> None:
-    inp = validation.enqueue(service_pb2.EnqueueRequest(queue="q", payload=b"x"), CFG)
+    inp = validation.enqueue(service_pb2.EnqueueRequest(queue="q", payload=b"x"), CFG).spec
     assert (inp.delay_ms, inp.due_at_ms, inp.ttl_ms) == (0, None, 0)
     assert inp.max_attempts == CFG.default_max_attempts
     assert (inp.backoff_initial_ms, inp.multiplier) == (CFG.retry_initial_ms, CFG.retry_multiplier)
