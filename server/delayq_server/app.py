@@ -17,7 +17,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from delayq.v1 import service_pb2, service_pb2_grpc
-from delayq_server import events
+from delayq_server import events, telemetry
 from delayq_server.config import Config
 from delayq_server.dispatcher import Dispatcher
 from delayq_server.service import DelayQueueService
@@ -85,7 +85,10 @@ class App:
             on_subscribed=self._resync,
         )
         self.health = health_aio.HealthServicer()
-        self.server = grpc.aio.server(options=SERVER_OPTIONS)
+        self.telemetry = telemetry.setup(cfg.otel)
+        self.server = grpc.aio.server(
+            options=SERVER_OPTIONS, interceptors=self.telemetry.interceptors()
+        )
         self.port = 0
 
     def _resync(self) -> None:
@@ -98,7 +101,9 @@ class App:
         self.listener.start()
         await asyncio.wait_for(self.listener.ready.wait(), 10)
         await self.timers.start()
-        service = DelayQueueService(self.cfg, self.store, self.hub, self.dispatcher, self.timers)
+        service = DelayQueueService(
+            self.cfg, self.store, self.hub, self.dispatcher, self.timers, self.telemetry
+        )
         service_pb2_grpc.add_DelayQueueServiceServicer_to_server(service, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
@@ -129,3 +134,4 @@ class App:
         await self.timers.stop()
         await self.listener.stop()
         await self.redis.aclose()
+        await asyncio.to_thread(self.telemetry.shutdown)  # flushes spans and metrics

@@ -17,6 +17,7 @@ from delayq_server.config import Config
 from delayq_server.dispatcher import Dispatcher
 from delayq_server.errors import InvalidArgument, NotFound
 from delayq_server.store import AckOutcome, JobSpec, ShardKeys, Store, UnknownJob
+from delayq_server.telemetry import Telemetry
 from delayq_server.timers.manager import Timers
 
 log = logging.getLogger(__name__)
@@ -28,6 +29,9 @@ _ACK_RESULT = {
     AckOutcome.STALE: service_pb2.ACK_RESULT_STALE,
     AckOutcome.UNKNOWN: service_pb2.ACK_RESULT_UNKNOWN,
 }
+
+
+_ACK_NAME = {AckOutcome.ACKED: "acked", AckOutcome.STALE: "stale", AckOutcome.UNKNOWN: "unknown"}
 
 
 def _shard_for(key: str, shards: int) -> int:
@@ -45,12 +49,14 @@ class DelayQueueService(service_pb2_grpc.DelayQueueServiceServicer):
         hub: events.EventHub,
         dispatcher: Dispatcher,
         timers: Timers,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self._cfg = cfg
         self._store = store
         self._hub = hub
         self._dispatcher = dispatcher
         self._timers = timers
+        self._tel = telemetry or Telemetry(False)
         self._rr = 0
 
     # -- helpers --------------------------------------------------------------------
@@ -99,13 +105,18 @@ class DelayQueueService(service_pb2_grpc.DelayQueueServiceServicer):
                 )
 
     async def _store_jobs(
-        self, inputs: list[validation.EnqueueInput]
+        self, inputs: list[validation.EnqueueInput], context: Ctx
     ) -> list[service_pb2.EnqueueResponse]:
         """Stores validated jobs with one script call per shard, in input order."""
+        # The caller's trace continues in the consumer through the job's headers
+        # (a producer that set its own traceparent header keeps it).
+        trace_headers = self._tel.trace_headers(context)
         groups: dict[ShardKeys, list[tuple[int, JobSpec]]] = defaultdict(list)
         for index, inp in enumerate(inputs):
             shards = await self._shards(inp.namespace, inp.queue, create=True)
             shard, spec = self._spec(inp, shards)
+            if trace_headers:
+                spec = dataclasses.replace(spec, headers={**trace_headers, **spec.headers})
             groups[ShardKeys(inp.namespace, inp.queue, shard)].append((index, spec))
         out: list[service_pb2.EnqueueResponse | None] = [None] * len(inputs)
 
@@ -117,6 +128,9 @@ class DelayQueueService(service_pb2_grpc.DelayQueueServiceServicer):
                 )
                 if r.due_ms <= now and not r.duplicate:
                     self._hub.fire(events.READY, keys.tag)
+            self._tel.enqueued.add(
+                sum(1 for r in results if not r.duplicate), {"delayq.queue": keys.queue}
+            )
             ttls = [s.ttl_ms for _, s in items if s.ttl_ms]
             if ttls:
                 self._timers.expect_expiry(keys, min(ttls))
@@ -132,7 +146,7 @@ class DelayQueueService(service_pb2_grpc.DelayQueueServiceServicer):
     ) -> service_pb2.EnqueueResponse:
         inp = validation.enqueue(request, self._cfg)
         await self._check_ttl_vs_due([inp])
-        (resp,) = await self._store_jobs([inp])
+        (resp,) = await self._store_jobs([inp], context)
         return resp
 
     @errors.unary
@@ -153,7 +167,7 @@ class DelayQueueService(service_pb2_grpc.DelayQueueServiceServicer):
                 results[i].error.code = exc.code.value[0]
                 results[i].error.message = exc.message
         if valid:
-            stored = await self._store_jobs([inp for _, inp in valid])
+            stored = await self._store_jobs([inp for _, inp in valid], context)
             for (i, _), resp in zip(valid, stored, strict=True):
                 results[i].response.CopyFrom(resp)
         return service_pb2.EnqueueBatchResponse(results=results)
@@ -172,14 +186,21 @@ class DelayQueueService(service_pb2_grpc.DelayQueueServiceServicer):
             async for batch in stream.deliveries():
                 deliveries = []
                 for keys, c in batch:
-                    deliveries.append(
-                        job_pb2.Delivery(
-                            job=convert.job(keys, c.job_id, c.record, c.record.last_delivery_ms),
-                            lease_token=ids.format_token(keys, c.job_id, c.nonce),
-                            attempt=c.record.attempts,
-                            lease_deadline=convert.ts(c.lease_deadline_ms),
-                        )
+                    rec = c.record
+                    self._tel.delivered.add(1, {"delayq.queue": keys.queue})
+                    self._tel.lateness.record(
+                        rec.last_delivery_ms - rec.due_ms, {"delayq.queue": keys.queue}
                     )
+                    # The hand-off, as a span in the producer's trace.
+                    with self._tel.delivery_span(keys.queue, c.job_id, rec.attempts, rec.headers):
+                        deliveries.append(
+                            job_pb2.Delivery(
+                                job=convert.job(keys, c.job_id, rec, rec.last_delivery_ms),
+                                lease_token=ids.format_token(keys, c.job_id, c.nonce),
+                                attempt=rec.attempts,
+                                lease_deadline=convert.ts(c.lease_deadline_ms),
+                            )
+                        )
                 yield service_pb2.ConsumeResponse(deliveries=deliveries)
         finally:
             self._dispatcher.close(stream)
@@ -201,6 +222,8 @@ class DelayQueueService(service_pb2_grpc.DelayQueueServiceServicer):
         await self._dispatcher.credit(
             [t for t, c in zip(tokens, codes, strict=True) if c == AckOutcome.ACKED]
         )
+        for code in codes:
+            self._tel.acked.add(1, {"delayq.ack_result": _ACK_NAME[code]})
         return service_pb2.AckResponse(results=[_ACK_RESULT[c] for c in codes])
 
     @errors.unary

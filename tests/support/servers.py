@@ -24,9 +24,16 @@ __all__ = ["ROOT", "DelayqProcess", "ManagedRedis", "free_port"]
 class DelayqProcess:
     """A `python -m delayq_server` child process; waits for its "listening" line."""
 
-    def __init__(self, redis_url: str, args: Sequence[str] = (), log_path: Path | None = None):
+    def __init__(
+        self,
+        redis_url: str,
+        args: Sequence[str] = (),
+        log_path: Path | None = None,
+        env: dict[str, str] | None = None,
+    ):
         self.redis_url = redis_url
         self.args = list(args)
+        self.env = env or {}
         self.log_path = log_path
         self.proc: subprocess.Popen[str] | None = None
         self.port = 0
@@ -49,7 +56,7 @@ class DelayqProcess:
             stderr=subprocess.STDOUT,
             text=True,
             cwd=ROOT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
         )
         ready = threading.Event()
 
