@@ -9,6 +9,7 @@ import os
 import platform
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +51,7 @@ def machine() -> dict[str, Any]:
             "-c",
             "import arq.version; print(arq.version.VERSION)",
         ),
-        "grpcio": _run(
-            str(REPO / ".venv/bin/python"), "-c", "import grpc; print(grpc.__version__)"
-        ),
+        "grpcio": _run(sys.executable, "-c", "import grpc; print(grpc.__version__)"),
     }
     return {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
