@@ -112,8 +112,12 @@ class DelayQueueService(service_pb2_grpc.DelayQueueServiceServicer):
         # (a producer that set its own traceparent header keeps it).
         trace_headers = self._tel.trace_headers(context)
         groups: dict[ShardKeys, list[tuple[int, JobSpec]]] = defaultdict(list)
+        counts: dict[tuple[str, str], int] = {}
         for index, inp in enumerate(inputs):
-            shards = await self._shards(inp.namespace, inp.queue, create=True)
+            shards = counts.get((inp.namespace, inp.queue))
+            if shards is None:
+                shards = await self._shards(inp.namespace, inp.queue, create=True)
+                counts[(inp.namespace, inp.queue)] = shards
             shard, spec = self._spec(inp, shards)
             if trace_headers:
                 spec = dataclasses.replace(spec, headers={**trace_headers, **spec.headers})
@@ -160,12 +164,20 @@ class DelayQueueService(service_pb2_grpc.DelayQueueServiceServicer):
         valid: list[tuple[int, validation.EnqueueInput]] = []
         for i, req in enumerate(request.requests):
             try:
-                inp = validation.enqueue(req, self._cfg, prefix=f"requests[{i}].")
-                await self._check_ttl_vs_due([inp])
-                valid.append((i, inp))
+                valid.append((i, validation.enqueue(req, self._cfg, prefix=f"requests[{i}].")))
             except errors.DelayqError as exc:
                 results[i].error.code = exc.code.value[0]
                 results[i].error.message = exc.message
+        if any(v.spec.due_at_ms is not None and v.spec.ttl_ms for _, v in valid):
+            checked = []
+            for i, inp in valid:  # rare: TTL with an absolute due time needs Redis' clock
+                try:
+                    await self._check_ttl_vs_due([inp])
+                    checked.append((i, inp))
+                except errors.DelayqError as exc:
+                    results[i].error.code = exc.code.value[0]
+                    results[i].error.message = f"requests[{i}].{exc.message}"
+            valid = checked
         if valid:
             stored = await self._store_jobs([inp for _, inp in valid], context)
             for (i, _), resp in zip(valid, stored, strict=True):

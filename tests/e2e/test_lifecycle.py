@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import grpc
 import pytest
+from google.protobuf import timestamp_pb2
 
 from delayq.v1 import job_pb2, service_pb2
 from tests.support.rpc import Consumer, Stub, ack, enqueue, ms, query, stats
@@ -90,6 +91,13 @@ def test_idempotency_key_within_and_after_the_window(redis_server: ManagedRedis)
         wait_until(new_id, timeout=5, interval=0.2)
 
 
+def _in(seconds: int) -> timestamp_pb2.Timestamp:
+    t = timestamp_pb2.Timestamp()
+    t.GetCurrentTime()
+    t.seconds += seconds
+    return t
+
+
 def test_batch_stores_valid_jobs_and_refuses_the_rest(stub: Stub, queue: str) -> None:
     reqs = [
         service_pb2.EnqueueRequest(queue=queue, payload=b"ok-1"),
@@ -97,14 +105,23 @@ def test_batch_stores_valid_jobs_and_refuses_the_rest(stub: Stub, queue: str) ->
         service_pb2.EnqueueRequest(queue="bad{name}", payload=b"x"),
         service_pb2.EnqueueRequest(queue=queue, payload=b"ok-2", delay=ms(100)),
         service_pb2.EnqueueRequest(queue=queue, payload=b"x", max_attempts=5000),
+        service_pb2.EnqueueRequest(queue=queue, payload=b"x", due_time=_in(3600), ttl=ms(1000)),
     ]
     resp = stub.EnqueueBatch(service_pb2.EnqueueBatchRequest(requests=reqs))
-    assert [r.HasField("response") for r in resp.results] == [True, False, False, True, False]
+    assert [r.HasField("response") for r in resp.results] == [
+        True,
+        False,
+        False,
+        True,
+        False,
+        False,
+    ]
     errs = {i: r.error for i, r in enumerate(resp.results) if r.HasField("error")}
     assert all(e.code == grpc.StatusCode.INVALID_ARGUMENT.value[0] for e in errs.values())
     assert errs[1].message.startswith("requests[1].payload")
     assert errs[2].message.startswith("requests[2].queue")
     assert errs[4].message.startswith("requests[4].max_attempts")
+    assert errs[5].message.startswith("requests[5].ttl")
     assert stats(stub, queue).enqueued_total == 2
     with Consumer(stub, [queue]) as c:
         got = {d.job.payload for d in c.take(2)}

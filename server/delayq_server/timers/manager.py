@@ -30,10 +30,14 @@ class Timers:
     ) -> None:
         self._store, self._hub, self._on_reaped = store, hub, on_reaped
         self._loops: dict[ShardKeys, tuple[Promoter, Reaper]] = {}
+        self._queues: set[tuple[str, str]] = set()
         self._janitor = Janitor(store, lambda: list(self._loops))
         self._refresher: asyncio.Task[None] | None = None
 
     def ensure(self, namespace: str, queue: str, shards: int) -> None:
+        if (namespace, queue) in self._queues:
+            return  # called on every enqueue: keep the common case a set lookup
+        self._queues.add((namespace, queue))
         for shard in range(shards):
             keys = ShardKeys(namespace, queue, shard)
             if keys not in self._loops:
@@ -79,3 +83,4 @@ class Timers:
         loops = [loop for pair in self._loops.values() for loop in pair]
         await asyncio.gather(self._janitor.stop(), *(loop.stop() for loop in loops))
         self._loops.clear()
+        self._queues.clear()
