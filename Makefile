@@ -56,6 +56,7 @@ lint-py: deps
 	$(PY) -m ruff check server clients/python tests bench scripts
 	$(PY) -m ruff format --check server clients/python tests bench scripts
 	$(PY) -m mypy server/delayq_server clients/python/delayq tests
+	$(PY) -m mypy --explicit-package-bases bench scripts
 
 proto: proto-py
 
