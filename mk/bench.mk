@@ -36,3 +36,6 @@ bench-profile: bench-deps
 	$(PY) -m bench.harness --profile $(BENCH_ARGS)
 
 TEST_TARGETS += bench-quick
+
+# mypy over bench/ needs matplotlib's stubs, which bench-deps installs.
+lint-py: $(BENCH_STAMP)
