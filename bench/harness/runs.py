@@ -16,6 +16,7 @@ from typing import Any
 
 from bench.harness import procs
 from bench.harness.profiles import CpuSampler, summarize
+from tests.support.servers import DelayqProcess, ManagedRedis
 
 SYSTEMS = ("delayq", "bullmq", "arq")
 LABELS = {"delayq": "delayq", "bullmq": "BullMQ", "arq": "arq"}
@@ -108,15 +109,17 @@ def run_once(
     and the CPU seconds of each process (runner, redis, delayq server)."""
     with ExitStack() as stack:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="delayq-bench-")))
-        url, redis_pid = stack.enter_context(procs.redis_server())
+        redis = stack.enter_context(ManagedRedis(workdir / "redis", appendonly=False))
+        url = redis.url
         command = [*runner_command(tools, system), scenario, "--redis-url", url]
-        pids = {"redis": redis_pid}
-        server_log = workdir / "server.log"
+        assert redis.proc is not None
+        pids = {"redis": redis.proc.pid}
+        server: DelayqProcess | None = None
         if system == "delayq":
-            address, pids["server"] = stack.enter_context(
-                procs.delayq_server(url, tools.python, server_log)
-            )
-            command += ["--target", address]
+            server = stack.enter_context(DelayqProcess(url))
+            assert server.proc is not None
+            pids["server"] = server.proc.pid
+            command += ["--target", server.address]
         out = workdir / "result.json"
         command += ["--params", json.dumps(params), "--out", str(out)]
         memory_before = procs.used_memory(url)
@@ -142,7 +145,7 @@ def run_once(
             for profiler in profilers:
                 profiler.finish()
         if code != 0:
-            tail = server_log.read_text()[-2000:] if server_log.exists() else ""
+            tail = "".join(server.output)[-2000:] if server is not None else ""
             raise RuntimeError(f"{system} {scenario} runner exited with {code}\n{tail}")
         result: dict[str, Any] = json.loads(out.read_text())
         result["redis_used_memory_delta"] = procs.used_memory(url) - memory_before

@@ -28,13 +28,11 @@ class DelayqProcess:
         self,
         redis_url: str,
         args: Sequence[str] = (),
-        log_path: Path | None = None,
         env: dict[str, str] | None = None,
     ):
         self.redis_url = redis_url
         self.args = list(args)
         self.env = env or {}
-        self.log_path = log_path
         self.proc: subprocess.Popen[str] | None = None
         self.port = 0
         self.output: list[str] = []
