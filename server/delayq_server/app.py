@@ -75,7 +75,12 @@ class App:
             default_shards=cfg.shards_per_queue,
         )
         self.hub = events.EventHub()
-        self.dispatcher = Dispatcher(self.store, self.hub, self.server_id)
+        self.dispatcher = Dispatcher(
+            self.store,
+            self.hub,
+            self.server_id,
+            on_leased=lambda keys, deadline_ms: self.timers.lease_taken(keys, deadline_ms),
+        )
         self.timers = Timers(self.store, self.hub, self.dispatcher.on_reaped)
         self.listener = events.PubSubListener(
             self.redis,
@@ -102,7 +107,7 @@ class App:
         await asyncio.wait_for(self.listener.ready.wait(), 10)
         await self.timers.start()
         service = DelayQueueService(
-            self.cfg, self.store, self.hub, self.dispatcher, self.timers, self.telemetry
+            self.cfg, self.store, self.dispatcher, self.timers, self.telemetry
         )
         service_pb2_grpc.add_DelayQueueServiceServicer_to_server(service, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)

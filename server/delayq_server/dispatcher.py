@@ -14,7 +14,7 @@ import contextlib
 import itertools
 import logging
 from collections import defaultdict
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 
 from delayq_server import events
@@ -102,7 +102,7 @@ class ConsumeStream:
                 prefix = f"{self._d.server_id}.{self.seq}.{next(self._claims)}."
                 claimed = await self._claim(keys, budget, prefix)
                 if claimed:
-                    self._d.hub.fire(events.LEASE, keys.tag)
+                    self._d.on_leased(keys, claimed[0].lease_deadline_ms)
                 for c in claimed:
                     self.outstanding[c.nonce] = Outstanding(keys, c.job_id)
                     got.append((keys, c))
@@ -158,8 +158,15 @@ class ConsumeStream:
 class Dispatcher:
     """Registry of this replica's streams and the credit paths into them."""
 
-    def __init__(self, store: Store, hub: events.EventHub, server_id: str) -> None:
+    def __init__(
+        self,
+        store: Store,
+        hub: events.EventHub,
+        server_id: str,
+        on_leased: Callable[[ShardKeys, int], None] = lambda keys, deadline_ms: None,
+    ) -> None:
         self.store = store
+        self.on_leased = on_leased  # tells this replica's reaper about new deadlines
         self.hub = hub
         self.server_id = server_id
         self._streams: dict[str, ConsumeStream] = {}

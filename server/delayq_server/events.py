@@ -23,7 +23,6 @@ log = logging.getLogger(__name__)
 
 READY = "ready"  # jobs arrived in an empty ready list
 DUE = "due"  # the earliest due time moved earlier (or leases were reaped)
-LEASE = "lease"  # a lease was taken (wakes an idle reaper)
 
 
 def tag_of(prefix: str) -> str:

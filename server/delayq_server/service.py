@@ -12,7 +12,7 @@ from typing import Any
 import grpc
 
 from delayq.v1 import job_pb2, service_pb2, service_pb2_grpc
-from delayq_server import convert, errors, events, ids, validation
+from delayq_server import convert, errors, ids, validation
 from delayq_server.config import Config
 from delayq_server.dispatcher import Dispatcher
 from delayq_server.errors import InvalidArgument, NotFound
@@ -46,14 +46,12 @@ class DelayQueueService(service_pb2_grpc.DelayQueueServiceServicer):
         self,
         cfg: Config,
         store: Store,
-        hub: events.EventHub,
         dispatcher: Dispatcher,
         timers: Timers,
         telemetry: Telemetry | None = None,
     ) -> None:
         self._cfg = cfg
         self._store = store
-        self._hub = hub
         self._dispatcher = dispatcher
         self._timers = timers
         self._tel = telemetry or Telemetry(False)
@@ -125,13 +123,11 @@ class DelayQueueService(service_pb2_grpc.DelayQueueServiceServicer):
         out: list[service_pb2.EnqueueResponse | None] = [None] * len(inputs)
 
         async def run(keys: ShardKeys, items: list[tuple[int, JobSpec]]) -> None:
-            results, now = await self._store.enqueue(keys, [s for _, s in items])
+            results, _ = await self._store.enqueue(keys, [s for _, s in items])
             for (index, _), r in zip(items, results, strict=True):
                 out[index] = service_pb2.EnqueueResponse(
                     job_id=r.job_id, due_time=convert.ts(r.due_ms), duplicate=r.duplicate
                 )
-                if r.due_ms <= now and not r.duplicate:
-                    self._hub.fire(events.READY, keys.tag)
             self._tel.enqueued.add(
                 sum(1 for r in results if not r.duplicate), {"delayq.queue": keys.queue}
             )
@@ -385,8 +381,6 @@ class DelayQueueService(service_pb2_grpc.DelayQueueServiceServicer):
                     left -= n
                     if n == 0:
                         break
-            if action == "redrive":
-                self._hub.fire(events.READY, keys.tag)
         return total
 
     @errors.unary

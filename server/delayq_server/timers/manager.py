@@ -42,10 +42,16 @@ class Timers:
             keys = ShardKeys(namespace, queue, shard)
             if keys not in self._loops:
                 promoter = Promoter(self._store, self._hub, keys)
-                reaper = Reaper(self._store, self._hub, keys, self._on_reaped)
+                reaper = Reaper(self._store, keys, self._on_reaped)
                 promoter.start()
                 reaper.start()
                 self._loops[keys] = (promoter, reaper)
+
+    def lease_taken(self, keys: ShardKeys, deadline_ms: int) -> None:
+        """A stream on this replica leased jobs of ``keys`` until ``deadline_ms``."""
+        loops = self._loops.get(keys)
+        if loops is not None:
+            loops[1].lease_taken(deadline_ms)
 
     def expect_expiry(self, keys: ShardKeys, in_ms: int) -> None:
         self._janitor.expect(keys, in_ms)

@@ -19,10 +19,9 @@ class Promoter(Loop):
 
     async def tick(self) -> float | None:
         res = await self._store.promote(self._keys, PROMOTE_LIMIT)
-        if res.moved:
-            self._hub.fire(events.READY, self._keys.tag)
-            if res.moved >= PROMOTE_LIMIT:
-                return 0  # more are due: go again at once (each call is bounded)
+        # promote.lua publishes the "ready" wake-up for every replica, this one too.
+        if res.moved >= PROMOTE_LIMIT:
+            return 0  # more are due: go again at once (each call is bounded)
         if res.next_due_ms is None:
             return None
         # Relative to Redis' clock as the script saw it, so local skew never
