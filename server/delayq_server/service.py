@@ -90,17 +90,20 @@ class DelayQueueService(service_pb2_grpc.DelayQueueServiceServicer):
             shard = self._rr % shards
         return shard, dataclasses.replace(inp.spec, job_id=ids.new_job_id(shard, shards))
 
-    async def _check_ttl_vs_due(self, inputs: list[validation.EnqueueInput]) -> None:
-        """TTL must outlast an absolute due time too; that needs the Redis clock."""
-        specs = [i.spec for i in inputs]
-        if not any(s.due_at_ms is not None and s.ttl_ms for s in specs):
-            return
+    async def _ttl_refusals(
+        self, inputs: list[validation.EnqueueInput], batch_indexes: list[int] | None = None
+    ) -> list[InvalidArgument | None]:
+        """TTL must outlast an absolute due time too; that needs the Redis clock,
+        read once for the whole call and only when some job needs it."""
+        if not any(i.spec.due_at_ms is not None and i.spec.ttl_ms for i in inputs):
+            return [None] * len(inputs)
         now = await self._store.time_ms()
-        for s in specs:
-            if s.due_at_ms is not None and s.ttl_ms and now + s.ttl_ms <= s.due_at_ms:
-                raise InvalidArgument(
-                    "ttl", "must be longer than the time until due_time: the job would expire first"
-                )
+        return [
+            validation.ttl_vs_due(
+                inp.spec, now, "" if batch_indexes is None else f"requests[{batch_indexes[k]}]."
+            )
+            for k, inp in enumerate(inputs)
+        ]
 
     async def _store_jobs(
         self, inputs: list[validation.EnqueueInput], context: Ctx
@@ -145,7 +148,9 @@ class DelayQueueService(service_pb2_grpc.DelayQueueServiceServicer):
         self, request: service_pb2.EnqueueRequest, context: Ctx
     ) -> service_pb2.EnqueueResponse:
         inp = validation.enqueue(request, self._cfg)
-        await self._check_ttl_vs_due([inp])
+        (refused,) = await self._ttl_refusals([inp])
+        if refused is not None:
+            raise refused
         (resp,) = await self._store_jobs([inp], context)
         return resp
 
@@ -164,16 +169,12 @@ class DelayQueueService(service_pb2_grpc.DelayQueueServiceServicer):
             except errors.DelayqError as exc:
                 results[i].error.code = exc.code.value[0]
                 results[i].error.message = exc.message
-        if any(v.spec.due_at_ms is not None and v.spec.ttl_ms for _, v in valid):
-            checked = []
-            for i, inp in valid:  # rare: TTL with an absolute due time needs Redis' clock
-                try:
-                    await self._check_ttl_vs_due([inp])
-                    checked.append((i, inp))
-                except errors.DelayqError as exc:
-                    results[i].error.code = exc.code.value[0]
-                    results[i].error.message = f"requests[{i}].{exc.message}"
-            valid = checked
+        refusals = await self._ttl_refusals([inp for _, inp in valid], [i for i, _ in valid])
+        for (i, _), refused in zip(valid, refusals, strict=True):
+            if refused is not None:
+                results[i].error.code = refused.code.value[0]
+                results[i].error.message = refused.message
+        valid = [v for v, refused in zip(valid, refusals, strict=True) if refused is None]
         if valid:
             stored = await self._store_jobs([inp for _, inp in valid], context)
             for (i, _), resp in zip(valid, stored, strict=True):

@@ -151,6 +151,16 @@ def enqueue(req: service_pb2.EnqueueRequest, cfg: Config, prefix: str = "") -> E
     )
 
 
+def ttl_vs_due(spec: JobSpec, now_ms: int, prefix: str = "") -> InvalidArgument | None:
+    """The refusal for a TTL that ends before an absolute due time, if any."""
+    if spec.due_at_ms is not None and spec.ttl_ms and now_ms + spec.ttl_ms <= spec.due_at_ms:
+        return InvalidArgument(
+            prefix + "ttl",
+            "must be longer than the time until due_time: the job would expire first",
+        )
+    return None
+
+
 def retry(policy: job_pb2.RetryPolicy, cfg: Config, prefix: str) -> tuple[int, int, float, float]:
     initial = cfg.retry_initial_ms
     if policy.HasField("initial_backoff"):
