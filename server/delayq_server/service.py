@@ -82,13 +82,20 @@ class DelayQueueService(service_pb2_grpc.DelayQueueServiceServicer):
             raise NotFound(f"job {job_id!r} not found in queue {namespace}/{queue}")
         return ShardKeys(namespace, queue, shard)
 
-    def _spec(self, inp: validation.EnqueueInput, shards: int) -> tuple[int, JobSpec]:
+    def _spec(
+        self, inp: validation.EnqueueInput, shards: int, trace_headers: dict[str, str]
+    ) -> tuple[int, JobSpec]:
+        """Picks the shard and completes the spec (id, trace context) in one copy."""
         if inp.spec.idempotency_key:
             shard = _shard_for(inp.spec.idempotency_key, shards)
         else:
             self._rr += 1
             shard = self._rr % shards
-        return shard, dataclasses.replace(inp.spec, job_id=ids.new_job_id(shard, shards))
+        job_id = ids.new_job_id(shard, shards)
+        if trace_headers:  # a producer's own traceparent header wins
+            headers = {**trace_headers, **inp.spec.headers}
+            return shard, dataclasses.replace(inp.spec, job_id=job_id, headers=headers)
+        return shard, dataclasses.replace(inp.spec, job_id=job_id)
 
     async def _ttl_refusals(
         self, inputs: list[validation.EnqueueInput], batch_indexes: list[int] | None = None
@@ -109,8 +116,7 @@ class DelayQueueService(service_pb2_grpc.DelayQueueServiceServicer):
         self, inputs: list[validation.EnqueueInput], context: Ctx
     ) -> list[service_pb2.EnqueueResponse]:
         """Stores validated jobs with one script call per shard, in input order."""
-        # The caller's trace continues in the consumer through the job's headers
-        # (a producer that set its own traceparent header keeps it).
+        # The caller's trace continues in the consumer through the job's headers.
         trace_headers = self._tel.trace_headers(context)
         groups: dict[ShardKeys, list[tuple[int, JobSpec]]] = defaultdict(list)
         counts: dict[tuple[str, str], int] = {}
@@ -119,9 +125,7 @@ class DelayQueueService(service_pb2_grpc.DelayQueueServiceServicer):
             if shards is None:
                 shards = await self._shards(inp.namespace, inp.queue, create=True)
                 counts[(inp.namespace, inp.queue)] = shards
-            shard, spec = self._spec(inp, shards)
-            if trace_headers:
-                spec = dataclasses.replace(spec, headers={**trace_headers, **spec.headers})
+            shard, spec = self._spec(inp, shards, trace_headers)
             groups[ShardKeys(inp.namespace, inp.queue, shard)].append((index, spec))
         out: list[service_pb2.EnqueueResponse | None] = [None] * len(inputs)
 
@@ -193,23 +197,17 @@ class DelayQueueService(service_pb2_grpc.DelayQueueServiceServicer):
         )
         try:
             async for batch in stream.deliveries():
-                deliveries = []
-                for keys, c in batch:
-                    rec = c.record
-                    self._tel.delivered.add(1, {"delayq.queue": keys.queue})
-                    self._tel.lateness.record(
-                        rec.last_delivery_ms - rec.due_ms, {"delayq.queue": keys.queue}
+                deliveries = [
+                    job_pb2.Delivery(
+                        job=convert.job(keys, c.job_id, c.record, c.record.last_delivery_ms),
+                        lease_token=ids.format_token(keys, c.job_id, c.nonce),
+                        attempt=c.record.attempts,
+                        lease_deadline=convert.ts(c.lease_deadline_ms),
                     )
-                    # The hand-off, as a span in the producer's trace.
-                    with self._tel.delivery_span(keys.queue, c.job_id, rec.attempts, rec.headers):
-                        deliveries.append(
-                            job_pb2.Delivery(
-                                job=convert.job(keys, c.job_id, rec, rec.last_delivery_ms),
-                                lease_token=ids.format_token(keys, c.job_id, c.nonce),
-                                attempt=rec.attempts,
-                                lease_deadline=convert.ts(c.lease_deadline_ms),
-                            )
-                        )
+                    for keys, c in batch
+                ]
+                if self._tel.enabled:
+                    self._tel.on_delivered(batch)
                 yield service_pb2.ConsumeResponse(deliveries=deliveries)
         finally:
             self._dispatcher.close(stream)
@@ -231,8 +229,8 @@ class DelayQueueService(service_pb2_grpc.DelayQueueServiceServicer):
         await self._dispatcher.credit(
             [t for t, c in zip(tokens, codes, strict=True) if c == AckOutcome.ACKED]
         )
-        for code in codes:
-            self._tel.acked.add(1, {"delayq.ack_result": _ACK_NAME[code]})
+        if self._tel.enabled:
+            self._tel.on_acked([_ACK_NAME[c] for c in codes])
         return service_pb2.AckResponse(results=[_ACK_RESULT[c] for c in codes])
 
     @errors.unary

@@ -9,12 +9,14 @@ parent is that context, so the producer's trace continues in the consumer.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
 from opentelemetry import metrics, propagate, trace
+
+from delayq_server.store import Claimed, ShardKeys
 
 TRACE_HEADERS = ("traceparent", "tracestate")
 
@@ -46,25 +48,35 @@ class Telemetry:
                     carrier[key] = value
         return carrier
 
-    def delivery_span(
-        self, queue: str, job_id: str, attempt: int, headers: Mapping[str, str]
-    ) -> AbstractContextManager[Any]:
-        """A span for one delivery, continuing the trace stored in the job's headers."""
-        if not self.enabled:
-            return nullcontext()
-        parent = propagate.extract({k: headers[k] for k in TRACE_HEADERS if k in headers})
-        return self._tracer.start_as_current_span(
-            f"{queue} deliver",
-            context=parent,
-            kind=trace.SpanKind.PRODUCER,
-            attributes={
-                "messaging.system": "delayq",
-                "messaging.operation.type": "send",
-                "messaging.destination.name": queue,
-                "messaging.message.id": job_id,
-                "delayq.attempt": attempt,
-            },
-        )
+    def on_delivered(self, batch: Sequence[tuple[ShardKeys, Claimed]]) -> None:
+        """Counts a batch of deliveries, records their lateness, and marks each
+        hand-off with a span in the producer's trace (parent: the job's headers)."""
+        per_queue = Counter(keys.queue for keys, _ in batch)
+        for queue, n in per_queue.items():
+            self.delivered.add(n, {"delayq.queue": queue})
+        for keys, c in batch:
+            rec = c.record
+            self.lateness.record(rec.last_delivery_ms - rec.due_ms, {"delayq.queue": keys.queue})
+            parent = propagate.extract(
+                {k: rec.headers[k] for k in TRACE_HEADERS if k in rec.headers}
+            )
+            span = self._tracer.start_span(
+                f"{keys.queue} deliver",
+                context=parent,
+                kind=trace.SpanKind.PRODUCER,
+                attributes={
+                    "messaging.system": "delayq",
+                    "messaging.operation.type": "send",
+                    "messaging.destination.name": keys.queue,
+                    "messaging.message.id": c.job_id,
+                    "delayq.attempt": rec.attempts,
+                },
+            )
+            span.end()
+
+    def on_acked(self, outcomes: Sequence[str]) -> None:
+        for outcome, n in Counter(outcomes).items():
+            self.acked.add(n, {"delayq.ack_result": outcome})
 
     def interceptors(self) -> Sequence[Any]:
         if not self.enabled:
