@@ -52,7 +52,7 @@ _FLAGS: dict[str, tuple[str, type | None, str]] = {
 }
 
 
-def _convert(name: str, kind: type | None, value: str) -> object:
+def _convert(kind: type | None, value: str) -> object:
     if kind is None:  # a duration
         return parse_ms(value)
     return kind(value)
@@ -74,7 +74,7 @@ def load(argv: Sequence[str] | None = None, env: dict[str, str] | None = None) -
             raw = env.get(var) or None
         if raw is not None:
             try:
-                values[name] = _convert(name, kind, raw)
+                values[name] = _convert(kind, raw)
             except ValueError as exc:
                 parser.error(f"{name}: {exc}")
     if ns.otel or env.get("DELAYQ_OTEL", "") in ("1", "true"):

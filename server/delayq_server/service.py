@@ -67,20 +67,16 @@ class DelayQueueService(service_pb2_grpc.DelayQueueServiceServicer):
 
     async def _job(self, namespace: str, queue: str, job_id: str) -> ShardKeys:
         """Validates a (namespace, queue, job id) triple and finds the job's shard."""
-        return await self._existing(
-            validation.namespace(namespace), validation.name("queue", queue), job_id
-        )
+        keys = ShardKeys(validation.namespace(namespace), validation.name("queue", queue), 0)
+        shard = validation.job_id(job_id)
+        shards = await self._shards(keys.namespace, keys.queue, create=False)
+        if shard >= shards:  # also an unknown queue (0 shards)
+            raise self._not_found(keys, job_id)
+        return ShardKeys(keys.namespace, keys.queue, shard)
 
     @staticmethod
     def _not_found(keys: ShardKeys, job_id: str) -> NotFound:
         return NotFound(f"job {job_id!r} not found in queue {keys.namespace}/{keys.queue}")
-
-    async def _existing(self, namespace: str, queue: str, job_id: str) -> ShardKeys:
-        shard = validation.job_id(job_id)
-        shards = await self._shards(namespace, queue, create=False)
-        if shard >= max(shards, 1) or shards == 0:
-            raise NotFound(f"job {job_id!r} not found in queue {namespace}/{queue}")
-        return ShardKeys(namespace, queue, shard)
 
     def _spec(
         self, inp: validation.EnqueueInput, shards: int, trace_headers: dict[str, str]

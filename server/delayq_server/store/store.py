@@ -442,10 +442,6 @@ class Store:
             )
         return out
 
-    async def lease_deadline(self, keys: ShardKeys, job_id: str) -> int | None:
-        score = await self.redis.zscore(keys.leased, job_id)
-        return None if score is None else int(score)
-
     async def shard_stats(self, keys: ShardKeys) -> ShardStats:
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.hgetall(keys.stats)
