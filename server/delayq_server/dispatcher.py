@@ -133,15 +133,16 @@ class ConsumeStream:
                 await asyncio.wait_for(self.wake.wait(), IDLE_FALLBACK_S)
 
     async def _verify_outstanding(self) -> None:
-        """Drops leases this stream no longer holds (credit lost with a pub/sub message)."""
-        for nonce, o in list(self.outstanding.items()):
-            try:
-                rec, _ = await self._d.store.get(o.keys, o.job_id)
-                current = rec.nonce == nonce
-            except Exception:
-                current = False
-            if not current:
-                self.outstanding.pop(nonce, None)
+        """Drops leases this stream no longer holds (credit lost with a pub/sub message,
+        or a lease dropped by TTL expiry): one pipelined read per shard."""
+        by_shard: dict[ShardKeys, list[LeaseRef]] = defaultdict(list)
+        for nonce, o in self.outstanding.items():
+            by_shard[o.keys].append(LeaseRef(o.job_id, nonce))
+        for keys, leases in by_shard.items():
+            held = await self._d.store.held(keys, leases)
+            for lease, ok in zip(leases, held, strict=True):
+                if not ok:
+                    self.outstanding.pop(lease.nonce, None)
 
     async def release(self) -> int:
         by_shard: dict[ShardKeys, list[LeaseRef]] = defaultdict(list)

@@ -145,3 +145,14 @@ def test_a_job_promoted_by_another_replica_wakes_this_replicas_stream(
                 (d,) = c.take(timeout=3)
                 assert d.job.id == job_id
                 ack(stub, d.lease_token)
+
+
+def test_a_lease_dropped_without_credit_is_found_by_the_stall_check(stub: Stub, queue: str) -> None:
+    # A leased job whose TTL runs out is dropped by the janitor; no ack, nack
+    # or credit message ever names it, so only the stream's re-check frees the slot.
+    enqueue(stub, queue, ttl=ms(1_500))
+    with Consumer(stub, [queue], max_outstanding=1, lease_ms=600_000) as c:
+        c.take()
+        second = enqueue(stub, queue)
+        (d,) = c.take(timeout=20)  # STALL_CHECK_S is 10 s
+    assert d.job.id == second
