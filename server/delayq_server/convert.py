@@ -10,21 +10,20 @@ from delayq.v1 import job_pb2
 from delayq_server.store import JobRecord, ShardKeys
 
 
+def _parts(ms: int) -> dict[str, int]:
+    """Seconds and nanos of a millisecond count: the fields of Timestamp and Duration.
+
+    Message fields accept such dicts, which is cheaper than building the objects.
+    """
+    return {"seconds": ms // 1000, "nanos": (ms % 1000) * 1_000_000}
+
+
 def ts(ms: int) -> timestamp_pb2.Timestamp:
-    return timestamp_pb2.Timestamp(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
+    return timestamp_pb2.Timestamp(**_parts(ms))
 
 
 def dur(ms: int) -> duration_pb2.Duration:
-    return duration_pb2.Duration(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
-
-
-def _ts(ms: int) -> dict[str, int]:
-    # Message fields accept dicts; cheaper than building Timestamp objects.
-    return {"seconds": ms // 1000, "nanos": (ms % 1000) * 1_000_000}
-
-
-def _dur(ms: int) -> dict[str, int]:
-    return {"seconds": ms // 1000, "nanos": (ms % 1000) * 1_000_000}
+    return duration_pb2.Duration(**_parts(ms))
 
 
 def job(keys: ShardKeys, job_id: str, rec: JobRecord, now_ms: int) -> job_pb2.Job:
@@ -34,11 +33,11 @@ def job(keys: ShardKeys, job_id: str, rec: JobRecord, now_ms: int) -> job_pb2.Jo
     """
     optional: dict[str, Any] = {}
     if rec.expire_ms:
-        optional["expire_time"] = _ts(rec.expire_ms)
+        optional["expire_time"] = _parts(rec.expire_ms)
     if rec.last_delivery_ms:
-        optional["last_delivery_time"] = _ts(rec.last_delivery_ms)
+        optional["last_delivery_time"] = _parts(rec.last_delivery_ms)
     if rec.finish_ms:
-        optional["finish_time"] = _ts(rec.finish_ms)
+        optional["finish_time"] = _parts(rec.finish_ms)
     fields: dict[str, Any] = {
         "id": job_id,
         "namespace": keys.namespace,
@@ -49,13 +48,13 @@ def job(keys: ShardKeys, job_id: str, rec: JobRecord, now_ms: int) -> job_pb2.Jo
         "attempts": rec.attempts,
         "max_attempts": rec.max_attempts,
         "retry": {
-            "initial_backoff": _dur(rec.backoff_initial_ms),
-            "max_backoff": _dur(rec.backoff_max_ms),
+            "initial_backoff": _parts(rec.backoff_initial_ms),
+            "max_backoff": _parts(rec.backoff_max_ms),
             "multiplier": rec.multiplier,
             "jitter": rec.jitter,
         },
-        "create_time": _ts(rec.created_ms),
-        "due_time": _ts(rec.due_ms),
+        "create_time": _parts(rec.created_ms),
+        "due_time": _parts(rec.due_ms),
         "last_error": rec.last_error,
         **optional,
     }
