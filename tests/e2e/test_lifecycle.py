@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from google.protobuf import timestamp_pb2
 
 from delayq.v1 import job_pb2, service_pb2
-from tests.support.rpc import Consumer, Stub, ack, enqueue, ms, query, stats
+from tests.support.rpc import Consumer, Stub, ack, enqueue, in_seconds, ms, query, stats
 from tests.support.servers import DelayqProcess, ManagedRedis, wait_until
 
 
@@ -91,13 +90,6 @@ def test_idempotency_key_within_and_after_the_window(redis_server: ManagedRedis)
         wait_until(new_id, timeout=5, interval=0.2)
 
 
-def _in(seconds: int) -> timestamp_pb2.Timestamp:
-    t = timestamp_pb2.Timestamp()
-    t.GetCurrentTime()
-    t.seconds += seconds
-    return t
-
-
 def test_batch_stores_valid_jobs_and_refuses_the_rest(stub: Stub, queue: str) -> None:
     reqs = [
         service_pb2.EnqueueRequest(queue=queue, payload=b"ok-1"),
@@ -105,7 +97,9 @@ def test_batch_stores_valid_jobs_and_refuses_the_rest(stub: Stub, queue: str) ->
         service_pb2.EnqueueRequest(queue="bad{name}", payload=b"x"),
         service_pb2.EnqueueRequest(queue=queue, payload=b"ok-2", delay=ms(100)),
         service_pb2.EnqueueRequest(queue=queue, payload=b"x", max_attempts=5000),
-        service_pb2.EnqueueRequest(queue=queue, payload=b"x", due_time=_in(3600), ttl=ms(1000)),
+        service_pb2.EnqueueRequest(
+            queue=queue, payload=b"x", due_time=in_seconds(3600), ttl=ms(1000)
+        ),
     ]
     resp = stub.EnqueueBatch(service_pb2.EnqueueBatchRequest(requests=reqs))
     assert [r.HasField("response") for r in resp.results] == [

@@ -10,10 +10,10 @@ from typing import Any
 import grpc
 import pytest
 import redis
-from google.protobuf import duration_pb2, timestamp_pb2
+from google.protobuf import duration_pb2
 
 from delayq.v1 import job_pb2, service_pb2
-from tests.support.rpc import Stub, ms
+from tests.support.rpc import Stub, in_seconds, ms
 from tests.support.servers import DelayqProcess, ManagedRedis
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
@@ -48,13 +48,6 @@ def _digest(client: redis.Redis) -> str:
     return h.hexdigest()
 
 
-def _due(seconds_from_now: int) -> timestamp_pb2.Timestamp:
-    t = timestamp_pb2.Timestamp()
-    t.GetCurrentTime()
-    t.seconds += seconds_from_now
-    return t
-
-
 CASES: list[tuple[str, str, Any, grpc.StatusCode, str]] = [
     # (id, rpc, request, code, text the message starts with)
     ("queue empty", "Enqueue", E(queue="", payload=b"x"), INVALID, "queue"),
@@ -67,7 +60,7 @@ CASES: list[tuple[str, str, Any, grpc.StatusCode, str]] = [
     ("delay negative", "Enqueue", E(queue="q", payload=b"x", delay=duration_pb2.Duration(seconds=-1)), INVALID, "delay"),
     ("delay absurd", "Enqueue", E(queue="q", payload=b"x", delay=duration_pb2.Duration(seconds=400 * 86400)), INVALID, "delay"),
     ("ttl shorter than delay", "Enqueue", E(queue="q", payload=b"x", delay=ms(5000), ttl=ms(1000)), INVALID, "ttl"),
-    ("ttl before due_time", "Enqueue", E(queue="q", payload=b"x", due_time=_due(3600), ttl=ms(1000)), INVALID, "ttl"),
+    ("ttl before due_time", "Enqueue", E(queue="q", payload=b"x", due_time=in_seconds(3600), ttl=ms(1000)), INVALID, "ttl"),
     ("max_attempts too high", "Enqueue", E(queue="q", payload=b"x", max_attempts=1001), INVALID, "max_attempts"),
     ("multiplier too high", "Enqueue", E(queue="q", payload=b"x", retry=job_pb2.RetryPolicy(multiplier=11)), INVALID, "retry.multiplier"),
     ("jitter above 1", "Enqueue", E(queue="q", payload=b"x", retry=job_pb2.RetryPolicy(jitter=2)), INVALID, "retry.jitter"),

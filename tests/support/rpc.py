@@ -9,11 +9,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import grpc
-from google.protobuf import duration_pb2
+from google.protobuf import duration_pb2, timestamp_pb2
 
 from delayq.v1 import job_pb2, service_pb2, service_pb2_grpc
 
 Stub = service_pb2_grpc.DelayQueueServiceStub
+
+
+def in_seconds(n: int) -> timestamp_pb2.Timestamp:
+    """A due time n seconds from now (local clock; tests use it far from boundaries)."""
+    t = timestamp_pb2.Timestamp()
+    t.GetCurrentTime()
+    t.seconds += n
+    return t
 
 
 def ms(n: int) -> duration_pb2.Duration:
