@@ -7,17 +7,12 @@ import logging
 import os
 
 import grpc
-import redis.asyncio as aioredis
 from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from delayq.v1 import service_pb2, service_pb2_grpc
-from delayq_server import events, telemetry
+from delayq_server import events, redis_client, telemetry
 from delayq_server.config import Config
 from delayq_server.decode_guard import DecodeGuard
 from delayq_server.dispatcher import Dispatcher
@@ -41,7 +36,6 @@ SERVER_OPTIONS = [
 ]
 
 
-REDIS_POOL_SIZE = 64
 FINISH_TIMEOUT_S = 5.0
 
 
@@ -51,23 +45,7 @@ class App:
     def __init__(self, cfg: Config, redis_url: str) -> None:
         self.cfg = cfg
         self.server_id = os.urandom(4).hex()
-        # A command that fails on a dropped connection (Redis restarted, failover)
-        # is retried a few times on a fresh one. Scripts are conditional, so a
-        # repeat after a lost reply is at worst an extra delivery: at-least-once.
-        # A bounded pool that waits for a free connection: a batch spread over
-        # hundreds of queues (one script call per shard, concurrently) must queue
-        # up, not fail with "Too many connections".
-        pool = aioredis.BlockingConnectionPool.from_url(
-            redis_url,
-            max_connections=REDIS_POOL_SIZE,
-            timeout=10,
-            decode_responses=False,
-            health_check_interval=30,
-            socket_connect_timeout=2,
-            retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 3),
-            retry_on_error=[RedisConnectionError, RedisTimeoutError],
-        )
-        self.redis = aioredis.Redis.from_pool(pool)
+        self.redis = redis_client.connect(redis_url)
         self.store = Store(
             self.redis,
             bucket_width_ms=cfg.bucket_width_ms,

@@ -19,6 +19,7 @@ NAMES = (
     "nack",
     "promote",
     "reap",
+    "read",
     "release",
 )
 

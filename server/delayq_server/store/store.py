@@ -7,6 +7,7 @@ deterministically.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -30,6 +31,7 @@ PROMOTE_LIMIT = 500
 REAP_LIMIT = 200
 CLAIM_LIMIT = 500
 EXPIRE_LIMIT = 200
+SCRIPTS_IN_FLIGHT = 48  # below the 64 connections per Redis node (redis_client.py)
 
 
 class UnknownJob(Exception):
@@ -158,9 +160,14 @@ class Store:
             name: client.register_script(scripts.source(name)) for name in scripts.NAMES
         }
         self._shards: dict[tuple[str, str], int] = {}
+        # Scripts in flight at once. The single-node pool blocks when all its
+        # connections are busy, but redis-py's cluster client fails instead
+        # ("Too many connections"); a batch over hundreds of shards must queue.
+        self._in_flight = asyncio.Semaphore(SCRIPTS_IN_FLIGHT)
 
     async def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        return await self._scripts[name](keys=list(keys), args=list(args))
+        async with self._in_flight:
+            return await self._scripts[name](keys=list(keys), args=list(args))
 
     # -- queues -----------------------------------------------------------------
 
@@ -420,13 +427,10 @@ class Store:
 
     async def get(self, keys: ShardKeys, job_id: str) -> tuple[JobRecord, int]:
         """The job's record and the Redis time it was read at."""
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.get(keys.record(job_id))
-            pipe.time()
-            raw, (sec, usec) = await pipe.execute()
-        if raw is None:
+        raw, now = await self._run("read", [keys.record(job_id)], [])
+        if not raw:
             raise UnknownJob(job_id)
-        return records.decode(raw), int(sec) * 1000 + int(usec) // 1000
+        return records.decode(raw), int(now)
 
     async def held(self, keys: ShardKeys, leases: Sequence[LeaseRef]) -> list[bool]:
         """Whether each lease is still current (read-only, pipelined)."""
@@ -451,7 +455,6 @@ class Store:
             pipe.zcard(keys.done)
             pipe.lindex(keys.ready, -1)
             pipe.zrange(keys.index, 0, 0, withscores=True)
-            pipe.time()
             (
                 counters_raw,
                 ready,
@@ -460,8 +463,8 @@ class Store:
                 done,
                 oldest,
                 head,
-                (sec, usec),
             ) = await pipe.execute()
+        now_ms = await self.time_ms()  # cluster pipelines cannot carry keyless TIME
         counters = {_s(k): int(v) for k, v in counters_raw.items()}
         oldest_due = None
         if oldest is not None:
@@ -477,7 +480,7 @@ class Store:
             oldest_ready_due_ms=oldest_due,
             next_due_ms=int(head[0][1]) if head else None,
             counters=counters,
-            now_ms=int(sec) * 1000 + int(usec) // 1000,
+            now_ms=now_ms,
         )
 
     async def dead_page(

@@ -1,0 +1,58 @@
+"""Builds the server's Redis client: one node, or Redis Cluster by URL scheme.
+
+``redis+cluster://host:port`` (or ``rediss+cluster://``) names any node of a
+cluster; redis-py's cluster client learns the slot map from it and routes each
+script by its first key. Every script's keys share one shard's hash tag
+(docs/design.md, "Redis layout"), so no script ever spans two slots.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+POOL_SIZE = 64  # per node
+
+
+def is_cluster(url: str) -> bool:
+    return url.split("://", 1)[0] in CLUSTER_SCHEMES
+
+
+def connect(url: str) -> Any:
+    """A ``redis.asyncio.Redis`` or ``RedisCluster`` (same command API) for ``url``.
+
+    A command that fails on a dropped connection (Redis restarted, failover) is
+    retried a few times on a fresh one. The pool waits for a free connection:
+    a batch spread over hundreds of queues (one script call per shard,
+    concurrently) queues up instead of failing with "Too many connections".
+    """
+    retry = Retry(ExponentialBackoff(cap=1.0, base=0.05), 3)
+    retry_on = [RedisConnectionError, RedisTimeoutError]
+    scheme, rest = url.split("://", 1)
+    if scheme in CLUSTER_SCHEMES:
+        return RedisCluster.from_url(
+            f"{CLUSTER_SCHEMES[scheme]}://{rest}",
+            decode_responses=False,
+            max_connections=POOL_SIZE,
+            socket_connect_timeout=2,
+            retry=retry,
+            retry_on_error=retry_on,
+        )
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url,
+        max_connections=POOL_SIZE,
+        timeout=10,
+        decode_responses=False,
+        health_check_interval=30,
+        socket_connect_timeout=2,
+        retry=retry,
+        retry_on_error=retry_on,
+    )
+    return aioredis.Redis.from_pool(pool)
