@@ -15,8 +15,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Callable
 
-import redis.asyncio as aioredis
-
+from delayq_server.redis_client import RedisClient
 from delayq_server.store.keys import EVENTS_CHANNEL, server_channel
 
 log = logging.getLogger(__name__)
@@ -56,7 +55,7 @@ class PubSubListener:
 
     def __init__(
         self,
-        client: aioredis.Redis,
+        client: RedisClient,
         hub: EventHub,
         server_id: str,
         on_credit: Callable[[list[str]], None],

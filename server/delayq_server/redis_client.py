@@ -8,14 +8,15 @@ script by its first key. Every script's keys share one shard's hash tag
 
 from __future__ import annotations
 
-from typing import Any
-
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+
+# Both clients expose the same command API; the store takes either.
+RedisClient = aioredis.Redis | RedisCluster
 
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 POOL_SIZE = 64  # per node
@@ -25,7 +26,7 @@ def is_cluster(url: str) -> bool:
     return url.split("://", 1)[0] in CLUSTER_SCHEMES
 
 
-def connect(url: str) -> Any:
+def connect(url: str) -> RedisClient:
     """A ``redis.asyncio.Redis`` or ``RedisCluster`` (same command API) for ``url``.
 
     A command that fails on a dropped connection (Redis restarted, failover) is

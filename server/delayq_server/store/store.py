@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import msgpack
-import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 
+from delayq_server.redis_client import RedisClient
 from delayq_server.store import records, scripts
 from delayq_server.store.keys import (
     EVENTS_CHANNEL,
@@ -144,7 +144,7 @@ class Store:
 
     def __init__(
         self,
-        client: aioredis.Redis,
+        client: RedisClient,
         *,
         bucket_width_ms: int = 1000,
         idempotency_window_ms: int = 24 * 3600 * 1000,
