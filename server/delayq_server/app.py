@@ -60,7 +60,7 @@ class App:
             self.server_id,
             on_leased=lambda keys, deadline_ms: self.timers.lease_taken(keys, deadline_ms),
         )
-        self.timers = Timers(self.store, self.hub, self.dispatcher.on_reaped)
+        self.timers = Timers(self.store, self.hub, self.dispatcher.on_reaped, self.server_id)
         self.listener = events.PubSubListener(
             self.redis,
             self.hub,

@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 
 READY = "ready"  # jobs arrived in an empty ready list
 DUE = "due"  # the earliest due time moved earlier (or leases were reaped)
+LEASE = "lease"  # a claim made a lease that ends before every other lease of the shard
 
 
 def tag_of(prefix: str) -> str:

@@ -5,18 +5,21 @@
 -- KEYS[4] exp     ZSET  job id -> expire ms
 -- KEYS[5] dead    ZSET  job id -> time of death ms
 -- ARGV[1] prefix, ARGV[2] now ms ('' = Redis TIME), ARGV[3] count (<= 500),
--- ARGV[4] lease ms, ARGV[5] nonce prefix (the stream's; a counter is appended)
+-- ARGV[4] lease ms, ARGV[5] nonce prefix (the stream's; a counter is appended),
+-- ARGV[6] events channel (publishes "<prefix> lease <deadline>" for the reaper)
 -- Returns: {now, then per leased job: id, nonce, packed record}
 -- Each lease gets a fresh nonce stored in the record: that is the fence that
 -- makes Ack/Nack/ExtendLease with an older token fail. Jobs past their TTL are
 -- dropped here and counted, never delivered.
 local k_ready, k_leased, k_stats, k_exp, k_dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local prefix, count, lease, nonce_prefix = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
+local channel = ARGV[6]
 -- @include record
 local now = now_ms(ARGV[2])
 local out = {now}
 local ids = redis.call('RPOP', k_ready, count)
 if not ids then return out end
+local head = redis.call('ZRANGE', k_leased, 0, 0, 'WITHSCORES')
 for i, id in ipairs(ids) do
   local rec = load(prefix, id)
   if rec then
@@ -40,5 +43,10 @@ for i, id in ipairs(ids) do
       table.insert(out, packed)
     end
   end
+end
+-- The shard's reaper (on whichever replica owns the shard) sleeps until the
+-- earliest deadline it knows: tell it when this claim made an earlier one.
+if #out > 1 and (not head[2] or now + lease < tonumber(head[2])) then
+  redis.call('PUBLISH', channel, prefix .. ' lease ' .. string.format('%d', now + lease))
 end
 return out

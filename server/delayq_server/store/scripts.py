@@ -17,9 +17,11 @@ NAMES = (
     "expire",
     "extend",
     "nack",
+    "own",
     "promote",
     "reap",
     "read",
+    "replicas",
     "release",
 )
 

@@ -20,6 +20,7 @@ from delayq_server.store import records, scripts
 from delayq_server.store.keys import (
     EVENTS_CHANNEL,
     QUEUES_KEY,
+    REPLICAS_KEY,
     ShardKeys,
     queue_meta_key,
 )
@@ -275,7 +276,14 @@ class Store:
         out = await self._run(
             "claim",
             [keys.ready, keys.leased, keys.stats, keys.expiring, keys.dead],
-            [keys.prefix, _now_arg(now_ms), min(count, CLAIM_LIMIT), lease_ms, nonce_prefix],
+            [
+                keys.prefix,
+                _now_arg(now_ms),
+                min(count, CLAIM_LIMIT),
+                lease_ms,
+                nonce_prefix,
+                EVENTS_CHANNEL,
+            ],
         )
         now = int(out[0])
         claimed = []
@@ -422,6 +430,29 @@ class Store:
                 [keys.prefix, action, EVENTS_CHANNEL, limit, *job_ids],
             )
         )
+
+    async def own(
+        self, shards: Sequence[ShardKeys], server_id: str, lease_ms: int, *, give_up: bool = False
+    ) -> list[bool]:
+        """Takes or keeps (or gives up) the timer ownership lease of each shard.
+
+        Concurrent calls (bounded by the scripts-in-flight gate), not a pipeline:
+        redis-py's cluster pipeline cannot load a script a node lacks.
+        """
+        flag = "1" if give_up else "0"
+        out = await asyncio.gather(
+            *(self._run("own", [k.owner], [server_id, lease_ms, flag]) for k in shards)
+        )
+        return [int(x) == 1 for x in out]
+
+    async def heartbeat(
+        self, server_id: str, window_ms: int, *, leaving: bool = False
+    ) -> list[str]:
+        """Marks this replica alive (or gone); returns the ids of live replicas."""
+        out = await self._run(
+            "replicas", [REPLICAS_KEY], [server_id, window_ms, "1" if leaving else "0"]
+        )
+        return [_s(x) for x in out]
 
     # -- reads ------------------------------------------------------------------
 

@@ -1,15 +1,18 @@
-"""Keeps one promoter and one reaper per known shard, plus the janitor."""
+"""Keeps one promoter and one reaper per known shard, plus the janitor; each
+shard's timers act only on the replica that owns the shard (ownership.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Callable
 
 from delayq_server import events
 from delayq_server.store import LeaseRef, ShardKeys, Store
 from delayq_server.timers.janitor import Janitor
+from delayq_server.timers.ownership import Ownership
 from delayq_server.timers.promoter import Promoter
 from delayq_server.timers.reaper import Reaper
 
@@ -19,20 +22,33 @@ REFRESH_S = 5.0  # how often queues created through other replicas are picked up
 
 
 class Timers:
-    """Correctness never depends on these being the only ones: scripts are
-    conditional, so every replica runs them for every shard."""
+    """Every replica keeps loops for every known shard, but only the shard's owner
+    lets them call Redis. Correctness never depends on that: scripts are
+    conditional, ownership only keeps replicas from repeating each other's work."""
 
     def __init__(
         self,
         store: Store,
         hub: events.EventHub,
         on_reaped: Callable[[ShardKeys, list[LeaseRef]], None],
+        server_id: str = "",
     ) -> None:
         self._store, self._hub, self._on_reaped = store, hub, on_reaped
         self._loops: dict[ShardKeys, tuple[Promoter, Reaper]] = {}
         self._queues: set[tuple[str, str]] = set()
-        self._janitor = Janitor(store, lambda: list(self._loops))
+        self.ownership = Ownership(
+            store, server_id or os.urandom(4).hex(), lambda: list(self._loops), self._gained
+        )
+        self._janitor = Janitor(store, lambda: self.ownership.owned)
         self._refresher: asyncio.Task[None] | None = None
+
+    def _gained(self, keys: ShardKeys) -> None:
+        """A shard became ours: its loops catch up at once."""
+        loops = self._loops.get(keys)
+        if loops is not None:
+            for loop in loops:
+                loop.wake.set()
+        self._janitor.expect(keys, 0)
 
     def ensure(self, namespace: str, queue: str, shards: int) -> None:
         if (namespace, queue) in self._queues:
@@ -41,11 +57,15 @@ class Timers:
         for shard in range(shards):
             keys = ShardKeys(namespace, queue, shard)
             if keys not in self._loops:
-                promoter = Promoter(self._store, self._hub, keys)
-                reaper = Reaper(self._store, keys, self._on_reaped)
+                owns = self._owner_check(keys)
+                promoter = Promoter(self._store, self._hub, keys, owns)
+                reaper = Reaper(self._store, self._hub, keys, self._on_reaped, owns)
                 promoter.start()
                 reaper.start()
                 self._loops[keys] = (promoter, reaper)
+
+    def _owner_check(self, keys: ShardKeys) -> Callable[[], bool]:
+        return lambda: self.ownership.holds(keys)
 
     def lease_taken(self, keys: ShardKeys, deadline_ms: int) -> None:
         """A stream on this replica leased jobs of ``keys`` until ``deadline_ms``."""
@@ -70,6 +90,8 @@ class Timers:
 
     async def start(self) -> None:
         await self.refresh()
+        await self.ownership.tick()  # take free shards before the loops first look
+        self.ownership.start()
         self._janitor.start()
         self._refresher = asyncio.create_task(self._refresh_forever(), name="timers-refresh")
 
@@ -87,6 +109,10 @@ class Timers:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._refresher
         loops = [loop for pair in self._loops.values() for loop in pair]
-        await asyncio.gather(self._janitor.stop(), *(loop.stop() for loop in loops))
+        await asyncio.gather(
+            self._janitor.stop(), self.ownership.stop(), *(loop.stop() for loop in loops)
+        )
+        with contextlib.suppress(Exception):  # best effort: leases also run out alone
+            await self.ownership.give_up()
         self._loops.clear()
         self._queues.clear()
