@@ -64,6 +64,16 @@ def to_status(exc: BaseException) -> tuple[grpc.StatusCode, str]:
         return grpc.StatusCode.UNAVAILABLE, "Redis is read-only (a replica?); retry later"
     if isinstance(exc, (redis_errors.ConnectionError, redis_errors.TimeoutError)):
         return grpc.StatusCode.UNAVAILABLE, f"Redis unavailable: {exc}"
+    if isinstance(
+        exc,
+        (
+            redis_errors.ClusterDownError,
+            redis_errors.TryAgainError,
+            redis_errors.SlotNotCoveredError,
+            redis_errors.MasterDownError,
+        ),
+    ):
+        return grpc.StatusCode.UNAVAILABLE, "Redis Cluster is failing over; retry shortly"
     if isinstance(exc, redis_errors.BusyLoadingError):
         return grpc.StatusCode.UNAVAILABLE, "Redis is loading its dataset; retry later"
     log.exception("unexpected error", exc_info=exc)

@@ -48,6 +48,9 @@ class ManagedCluster:
                     "--cluster-config-file", "nodes.conf",
                     "--cluster-node-timeout", "1000",
                     "--cluster-port", str(free_port()),
+                    # A replica may take over however long it was cut off: in a
+                    # test the master is killed right after the replica synced.
+                    "--cluster-replica-validity-factor", "0",
                 ],
             )  # fmt: skip
             self.nodes.append(node.start())
@@ -75,6 +78,11 @@ class ManagedCluster:
                 with redis.Redis(port=n.port) as c:
                     info: dict[str, object] = c.execute_command("CLUSTER INFO")
                     states.append(info.get("cluster_state") == "ok")
+                    # A replica counts only once its first sync finished, or a
+                    # master killed by a test would have nobody to fail over to.
+                    repl: dict[str, object] = c.info("replication")
+                    if repl.get("role") == "slave":
+                        states.append(repl.get("master_link_status") == "up")
             if all(states):
                 return
             time.sleep(0.05)

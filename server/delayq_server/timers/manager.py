@@ -41,6 +41,7 @@ class Timers:
         )
         self._janitor = Janitor(store, lambda: self.ownership.owned)
         self._refresher: asyncio.Task[None] | None = None
+        self._adopting: set[asyncio.Task[None]] = set()
 
     def _gained(self, keys: ShardKeys) -> None:
         """A shard became ours: its loops catch up at once."""
@@ -54,6 +55,7 @@ class Timers:
         if (namespace, queue) in self._queues:
             return  # called on every enqueue: keep the common case a set lookup
         self._queues.add((namespace, queue))
+        new = []
         for shard in range(shards):
             keys = ShardKeys(namespace, queue, shard)
             if keys not in self._loops:
@@ -63,6 +65,17 @@ class Timers:
                 promoter.start()
                 reaper.start()
                 self._loops[keys] = (promoter, reaper)
+                new.append(keys)
+        if new:
+            task = asyncio.create_task(self._adopt(new), name=f"adopt {namespace}/{queue}")
+            self._adopting.add(task)
+            task.add_done_callback(self._adopting.discard)
+
+    async def _adopt(self, shards: list[ShardKeys]) -> None:
+        try:
+            await self.ownership.adopt(shards)
+        except Exception as exc:  # the next renewal tries again
+            log.warning("taking timers of new shards: %s", exc)
 
     def _owner_check(self, keys: ShardKeys) -> Callable[[], bool]:
         return lambda: self.ownership.holds(keys)

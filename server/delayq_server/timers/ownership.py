@@ -52,6 +52,7 @@ class Ownership(Loop):
         self._store, self._server_id = store, server_id
         self._shards, self._on_gained = shards, on_gained
         self._until: dict[ShardKeys, float] = {}  # monotonic time the lease is trusted until
+        self._live: list[str] = [server_id]  # live replicas at the last heartbeat
 
     def holds(self, keys: ShardKeys) -> bool:
         return time.monotonic() < self._until.get(keys, 0.0)
@@ -63,6 +64,7 @@ class Ownership(Loop):
     async def tick(self) -> float | None:
         started = time.monotonic()  # before the calls: the Redis lease starts later
         live = await self._store.heartbeat(self._server_id, LEASE_MS) or [self._server_id]
+        self._live = live
         mine: list[ShardKeys] = []
         theirs: list[ShardKeys] = []
         for keys in self._shards():
@@ -75,10 +77,19 @@ class Ownership(Loop):
             for keys in handed:
                 del self._until[keys]
             log.info("handed %d shards' timers to other replicas", len(handed))
-        held = await self._store.own(mine, self._server_id, LEASE_MS)
-        asked = mine
+        await self._take(mine, started)
+        return RENEW_S
+
+    async def adopt(self, shards: list[ShardKeys]) -> None:
+        """New shards (a queue just created here): take those we are preferred
+        for now, so their first jobs do not wait for the next renewal."""
+        started = time.monotonic()
+        await self._take([k for k in shards if preferred(k, self._live) == self._server_id], started)
+
+    async def _take(self, shards: list[ShardKeys], started: float) -> None:
+        held = await self._store.own(shards, self._server_id, LEASE_MS)
         trusted_until = started + LEASE_MS / 1000 - MARGIN_S
-        for keys, ok in zip(asked, held, strict=True):
+        for keys, ok in zip(shards, held, strict=True):
             had = self.holds(keys)
             if ok:
                 self._until[keys] = trusted_until
@@ -87,7 +98,6 @@ class Ownership(Loop):
                     self._on_gained(keys)
             elif self._until.pop(keys, None) is not None and had:
                 log.info("timers of %s moved to another replica", keys.tag)
-        return RENEW_S
 
     async def give_up(self) -> None:
         """On shutdown: lets another replica take our shards at once."""
