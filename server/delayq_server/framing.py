@@ -7,9 +7,9 @@ from collections.abc import Iterator, Sequence
 
 def _field_bytes(size: int) -> int:
     """A repeated message field's bytes in its parent: tag, length varint, body."""
-    length = 1
-    while size >= 0x80:
-        size >>= 7
+    length, rest = 1, size
+    while rest >= 0x80:
+        rest >>= 7
         length += 1
     return 1 + length + size
 
