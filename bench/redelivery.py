@@ -60,7 +60,7 @@ def trial(
         waited = time.monotonic() - killed
         stub.Ack(service_pb2.AckRequest(lease_tokens=[resp.deliveries[0].lease_token]), timeout=10)
     finally:
-        call.cancel()  # type: ignore[attr-defined]
+        call.cancel()  # type: ignore[no-untyped-call]
     return waited
 
 

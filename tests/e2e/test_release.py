@@ -137,7 +137,7 @@ def test_big_jobs_reach_a_default_client_split_under_the_byte_cap(
                 break
         assert ack(stub, *(d.lease_token for d in got)) == [service_pb2.ACK_RESULT_ACKED] * 40
     finally:
-        call.cancel()  # type: ignore[attr-defined]
+        call.cancel()  # type: ignore[no-untyped-call]
     assert {d.job.id for d in got} == ids
     assert {d.attempt for d in got} == {1}  # no failed read used an attempt
     assert max(sizes) <= MIB  # the default cap
