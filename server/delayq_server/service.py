@@ -235,7 +235,7 @@ class DelayQueueService(ReleaseServicer, service_pb2_grpc.DelayQueueServiceServi
                 if self._tel.enabled:
                     self._tel.on_delivered(batch)
                 # A default client refuses messages over 4 MiB: cap each by bytes.
-                sizes = [d.ByteSize() for d in deliveries]
+                sizes = [framing.bound(c.record) for _, c in batch]
                 for start, end in framing.split(sizes, cap):
                     stream.mark_sent(c.nonce for _, c in batch[start:end])
                     yield service_pb2.ConsumeResponse(deliveries=deliveries[start:end])

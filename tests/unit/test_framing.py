@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from delayq.v1 import job_pb2, service_pb2
-from delayq_server import framing
+from delayq_server import convert, framing, ids
 from delayq_server.config import Config
+from delayq_server.store import JobRecord, JobState, ShardKeys
 from delayq_server.validation import max_delivery_bytes
 
 
@@ -28,3 +31,28 @@ def test_the_largest_job_fits_the_default_cap() -> None:
     cfg = Config()
     assert max_delivery_bytes(cfg.max_payload_bytes) == 819_843
     assert max_delivery_bytes(cfg.max_payload_bytes) < cfg.max_response_bytes < 4 * 1024 * 1024
+
+
+def test_bound_is_never_below_the_encoded_delivery() -> None:
+    keys = ShardKeys("n" * 64, "q" * 64, 9999)
+    job_id = "06h03hkqjpgep0lubf6r2to-9999"
+    worst = JobRecord(
+        JobState.LEASED, 1000, 1000, 2**52, 2**52, 2**52, 2**52, 2**52,
+        "f" * 8 + "." + "f" * 16 + "." + "9" * 20 + ".1000", "é" * 4096,
+        2**40, 2**40, 10.0, 1.0,
+        {("k" * 255) + str(i): "€" * 2730 for i in range(64)}, b"x" * 262_144,
+    )  # fmt: skip
+    small = dataclasses.replace(worst, headers={"a": "b"}, last_error="", payload=b"x")
+    framed_sizes = []
+    for rec in (worst, small):
+        d = job_pb2.Delivery(
+            job=convert.job(keys, job_id, rec, 2**52),
+            lease_token=ids.format_token(keys, job_id, rec.nonce),
+            attempt=rec.attempts,
+            lease_deadline=convert.ts(2**52),
+        )
+        framed = service_pb2.ConsumeResponse(deliveries=[d]).ByteSize()
+        assert framing.bound(rec) >= framed
+        framed_sizes.append(framed)
+    # Even this (its last_error twice the valid size) fits the default cap on its own.
+    assert framed_sizes[0] < Config().max_response_bytes
