@@ -35,6 +35,12 @@ class EventHub:
 
     def __init__(self) -> None:
         self._subs: dict[tuple[str, str], set[asyncio.Event]] = defaultdict(set)
+        self._handlers: dict[str, list[Callable[[str], None]]] = defaultdict(list)
+
+    def listen(self, kind: str, handler: Callable[[str], None]) -> None:
+        """Calls ``handler(tag)`` for every event of ``kind`` (the dispatcher's
+        ready board decides which stream to wake)."""
+        self._handlers[kind].append(handler)
 
     def subscribe(self, kind: str, tag: str, event: asyncio.Event) -> None:
         self._subs[(kind, tag)].add(event)
@@ -49,6 +55,8 @@ class EventHub:
     def fire(self, kind: str, tag: str) -> None:
         for event in self._subs.get((kind, tag), ()):
             event.set()
+        for handler in self._handlers.get(kind, ()):
+            handler(tag)
 
 
 class PubSubListener:

@@ -84,7 +84,9 @@ class Ownership(Loop):
         """New shards (a queue just created here): take those we are preferred
         for now, so their first jobs do not wait for the next renewal."""
         started = time.monotonic()
-        await self._take([k for k in shards if preferred(k, self._live) == self._server_id], started)
+        await self._take(
+            [k for k in shards if preferred(k, self._live) == self._server_id], started
+        )
 
     async def _take(self, shards: list[ShardKeys], started: float) -> None:
         held = await self._store.own(shards, self._server_id, LEASE_MS)
