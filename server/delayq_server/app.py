@@ -22,6 +22,7 @@ from delayq_server.config import Config
 from delayq_server.dispatcher import Dispatcher
 from delayq_server.service import DelayQueueService
 from delayq_server.store import Store
+from delayq_server.store.scripts import REPLAY_TTL_MS
 from delayq_server.timers.manager import Timers
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,37 @@ SERVER_OPTIONS = [
 
 
 REDIS_POOL_SIZE = 64
+REDIS_RETRIES = 3
+REDIS_BACKOFF_CAP_S = 1.0
+REDIS_CONNECT_TIMEOUT_S = 2.0
+# A re-sent script must still find its first run's reply (store/scripts.py).
+assert REDIS_RETRIES * (REDIS_BACKOFF_CAP_S + REDIS_CONNECT_TIMEOUT_S) * 1000 < REPLAY_TTL_MS / 2
+
+
+def redis_client(redis_url: str) -> aioredis.Redis:
+    """The Redis client every replica uses.
+
+    A command that fails on a dropped connection (Redis restarted, failover,
+    a lost reply) is re-sent a few times on a fresh one. Every script carries a
+    request id, so a re-sent script returns its first run's reply instead of
+    running again (docs/decisions.md, "Lost replies"). A bounded pool that waits
+    for a free connection: a batch spread over hundreds of queues (one script
+    call per shard, concurrently) must queue up, not fail with "Too many
+    connections".
+    """
+    pool = aioredis.BlockingConnectionPool.from_url(
+        redis_url,
+        max_connections=REDIS_POOL_SIZE,
+        timeout=10,
+        decode_responses=False,
+        health_check_interval=30,
+        socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
+        retry=Retry(ExponentialBackoff(cap=REDIS_BACKOFF_CAP_S, base=0.05), REDIS_RETRIES),
+        retry_on_error=[RedisConnectionError, RedisTimeoutError],
+    )
+    return aioredis.Redis.from_pool(pool)
+
+
 FINISH_TIMEOUT_S = 5.0
 
 
@@ -50,23 +82,7 @@ class App:
     def __init__(self, cfg: Config, redis_url: str) -> None:
         self.cfg = cfg
         self.server_id = os.urandom(4).hex()
-        # A command that fails on a dropped connection (Redis restarted, failover)
-        # is retried a few times on a fresh one. Scripts are conditional, so a
-        # repeat after a lost reply is at worst an extra delivery: at-least-once.
-        # A bounded pool that waits for a free connection: a batch spread over
-        # hundreds of queues (one script call per shard, concurrently) must queue
-        # up, not fail with "Too many connections".
-        pool = aioredis.BlockingConnectionPool.from_url(
-            redis_url,
-            max_connections=REDIS_POOL_SIZE,
-            timeout=10,
-            decode_responses=False,
-            health_check_interval=30,
-            socket_connect_timeout=2,
-            retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 3),
-            retry_on_error=[RedisConnectionError, RedisTimeoutError],
-        )
-        self.redis = aioredis.Redis.from_pool(pool)
+        self.redis = redis_client(redis_url)
         self.store = Store(
             self.redis,
             bucket_width_ms=cfg.bucket_width_ms,
@@ -103,6 +119,7 @@ class App:
     async def start(self) -> int:
         """Checks Redis, starts loops, binds and serves; returns the bound port."""
         await self.redis.ping()
+        await self.store.load_scripts()
         self.listener.start()
         await asyncio.wait_for(self.listener.ready.wait(), 10)
         await self.timers.start()

@@ -7,6 +7,8 @@ deterministically.
 
 from __future__ import annotations
 
+import itertools
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -158,9 +160,27 @@ class Store:
             name: client.register_script(scripts.source(name)) for name in scripts.NAMES
         }
         self._shards: dict[tuple[str, str], int] = {}
+        # Request ids: unique per call across replicas and restarts.
+        self._rq_prefix = os.urandom(6).hex() + "."
+        self._rq_seq = itertools.count(1)
+
+    async def load_scripts(self) -> None:
+        """Loads every script now, so the first call of each needs no retry."""
+        for script in self._scripts.values():
+            script.sha = await self.redis.script_load(script.script)
 
     async def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        return await self._scripts[name](keys=list(keys), args=list(args))
+        """Runs one script with a fresh request key appended to its KEYS.
+
+        Every script changes state and the client re-sends a command when its
+        connection drops (app.py), so each call carries a request id: a re-sent
+        call returns the first run's reply (lua/includes/replay.lua). Every
+        script's ARGV[1] is its shard's key prefix, where the request key lives.
+        """
+        prefix = args[0]
+        assert isinstance(prefix, str) and prefix.startswith("dq:{"), prefix
+        request = f"{prefix}rq:{self._rq_prefix}{next(self._rq_seq)}"
+        return await self._scripts[name](keys=[*keys, request], args=list(args))
 
     # -- queues -----------------------------------------------------------------
 
