@@ -120,6 +120,7 @@ class ThreadedProxy:
         asyncio.run_coroutine_threadsafe(self.proxy.stop(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
+        self._loop.close()
 
     def __enter__(self) -> ThreadedProxy:
         return self.start()
