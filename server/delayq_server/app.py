@@ -96,8 +96,11 @@ class App:
             self.hub,
             self.server_id,
             on_leased=lambda keys, deadline_ms: self.timers.lease_taken(keys, deadline_ms),
+            idle_fallback_s=cfg.wake_fallback_ms / 1000,
         )
-        self.timers = Timers(self.store, self.hub, self.dispatcher.on_reaped)
+        self.timers = Timers(
+            self.store, self.hub, self.dispatcher.on_reaped, fallback_s=cfg.wake_fallback_ms / 1000
+        )
         self.listener = events.PubSubListener(
             self.redis,
             self.hub,

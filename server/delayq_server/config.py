@@ -27,6 +27,7 @@ class Config:
     idempotency_window_ms: int = 24 * 3_600_000
     bucket_width_ms: int = 1_000
     grace_ms: int = 10_000
+    wake_fallback_ms: int = 30_000  # longest idle wait without a wake-up
     log_level: str = "INFO"
     otel: bool = False  # export traces/metrics over OTLP (OTEL_EXPORTER_OTLP_* env)
 
@@ -48,6 +49,7 @@ _FLAGS: dict[str, tuple[str, type | None, str]] = {
     "idempotency_window_ms": ("DELAYQ_IDEMPOTENCY_WINDOW", None, "idempotency key lifetime"),
     "bucket_width_ms": ("DELAYQ_BUCKET_WIDTH", None, "backlog time-bucket width"),
     "grace_ms": ("DELAYQ_GRACE", None, "shutdown grace period"),
+    "wake_fallback_ms": ("DELAYQ_WAKE_FALLBACK", None, "longest idle wait without a wake-up"),
     "log_level": ("DELAYQ_LOG_LEVEL", str, "logging level"),
 }
 

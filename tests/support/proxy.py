@@ -5,6 +5,9 @@ Redis, waits for Redis' reply (so the command really ran), drops that reply and
 closes both sockets. The client sees a dropped connection, as after a network
 blip, and re-sends on a new connection, which the proxy forwards normally.
 
+It can also stall the current pub/sub connections (a half-open socket: bytes in
+both directions vanish, nothing is closed) while new connections work.
+
 Use ``LossyProxy`` inside a test's event loop, or ``ThreadedProxy`` for a
 server running in another process.
 """
@@ -27,6 +30,8 @@ class LossyProxy:
         self.port = 0
         self.dropped = asyncio.Event()  # set once a reply was dropped
         self.connections = 0
+        self._subscribers: set[int] = set()  # connection numbers that sent SUBSCRIBE
+        self._stalled: set[int] = set()
 
     @property
     def url(self) -> str:
@@ -48,8 +53,14 @@ class LossyProxy:
         self.dropped.clear()
         self._armed = needle
 
+    def stall_subscribers(self) -> int:
+        """Silently swallows all traffic of the pub/sub connections open now."""
+        self._stalled |= self._subscribers
+        return len(self._stalled)
+
     async def _serve(self, c_reader: asyncio.StreamReader, c_writer: asyncio.StreamWriter) -> None:
         self.connections += 1
+        number = self.connections
         try:
             u_reader, u_writer = await asyncio.open_connection(*self._up)
         except OSError:
@@ -59,6 +70,10 @@ class LossyProxy:
 
         async def upstream() -> None:  # client -> redis
             while data := await c_reader.read(65536):
+                if b"SUBSCRIBE" in data.upper():
+                    self._subscribers.add(number)
+                if number in self._stalled:
+                    continue
                 if self._armed is not None and self._armed in data:
                     self._armed = None
                     lose_next_reply.set()
@@ -67,6 +82,8 @@ class LossyProxy:
 
         async def downstream() -> None:  # redis -> client
             while data := await u_reader.read(65536):
+                if number in self._stalled:
+                    continue
                 if lose_next_reply.is_set():
                     self.dropped.set()
                     return  # the command ran; its reply is lost with the connection
@@ -107,6 +124,12 @@ class ThreadedProxy:
             self.proxy.drop_reply_to(needle)
 
         asyncio.run_coroutine_threadsafe(arm(), self._loop).result(10)
+
+    def stall_subscribers(self) -> int:
+        async def stall() -> int:
+            return self.proxy.stall_subscribers()
+
+        return asyncio.run_coroutine_threadsafe(stall(), self._loop).result(10)
 
     def wait_dropped(self, timeout: float) -> bool:
         async def wait() -> bool:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from delayq_server import events
 from delayq_server.store import LeaseRef, ShardKeys, Store
+from delayq_server.timers.base import FALLBACK_S
 from delayq_server.timers.janitor import Janitor
 from delayq_server.timers.promoter import Promoter
 from delayq_server.timers.reaper import Reaper
@@ -27,8 +28,10 @@ class Timers:
         store: Store,
         hub: events.EventHub,
         on_reaped: Callable[[ShardKeys, list[LeaseRef]], None],
+        fallback_s: float = FALLBACK_S,
     ) -> None:
         self._store, self._hub, self._on_reaped = store, hub, on_reaped
+        self._fallback_s = fallback_s
         self._loops: dict[ShardKeys, tuple[Promoter, Reaper]] = {}
         self._queues: set[tuple[str, str]] = set()
         self._janitor = Janitor(store, lambda: list(self._loops))
@@ -43,6 +46,7 @@ class Timers:
             if keys not in self._loops:
                 promoter = Promoter(self._store, self._hub, keys)
                 reaper = Reaper(self._store, keys, self._on_reaped)
+                promoter.fallback_s = reaper.fallback_s = self._fallback_s
                 promoter.start()
                 reaper.start()
                 self._loops[keys] = (promoter, reaper)
