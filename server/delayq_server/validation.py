@@ -175,7 +175,9 @@ def retry(policy: job_pb2.RetryPolicy, cfg: Config, prefix: str) -> tuple[int, i
     mult = policy.multiplier or cfg.retry_multiplier
     if not 1.0 <= mult <= 10.0:
         raise InvalidArgument(prefix + "multiplier", "must be 1.0 to 10.0 (0 = server default)")
-    jitter = policy.jitter
+    # Like multiplier, 0 means the server default (--retry-jitter); a job that
+    # wants no jitter runs on a server configured with --retry-jitter 0.
+    jitter = policy.jitter or cfg.retry_jitter
     if not 0.0 <= jitter <= 1.0:
         raise InvalidArgument(prefix + "jitter", "must be 0.0 to 1.0")
     return initial, cap, mult, jitter
