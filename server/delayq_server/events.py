@@ -45,6 +45,8 @@ class EventHub:
 
     def __init__(self) -> None:
         self._subs: dict[tuple[str, str], set[asyncio.Event]] = defaultdict(set)
+        # Called for an event nobody here waits for (a stopped shard's "due").
+        self.on_unheard: Callable[[str, str], None] = lambda kind, tag: None
 
     def subscribe(self, kind: str, tag: str, event: asyncio.Event) -> None:
         self._subs[(kind, tag)].add(event)
@@ -57,7 +59,11 @@ class EventHub:
                 del self._subs[(kind, tag)]
 
     def fire(self, kind: str, tag: str) -> None:
-        for event in self._subs.get((kind, tag), ()):
+        subs = self._subs.get((kind, tag))
+        if not subs:
+            self.on_unheard(kind, tag)
+            return
+        for event in subs:
             event.set()
 
 

@@ -25,6 +25,7 @@ class Loop:
     def __init__(self) -> None:
         self.wake = asyncio.Event()
         self.fallback_s = FALLBACK_S
+        self.idle = False  # the last tick found nothing pending (see manager.py)
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
