@@ -59,12 +59,14 @@ class ManagedRedis:
         appendonly: bool = True,
         appendfsync: str = "everysec",
         extra: list[str] | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
         self.appendonly = appendonly
         self.appendfsync = appendfsync
         self.extra = extra or []
+        self.env = env  # None: inherit ours (tests set LD_PRELOAD here)
         self.proc: subprocess.Popen[bytes] | None = None
         self._lock: IO[str] | None = None
 
@@ -137,6 +139,7 @@ class ManagedRedis:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                env=self.env,
                 preexec_fn=_die_with_parent(os.getpid()),  # started before any thread
             )
         deadline = time.monotonic() + timeout
