@@ -10,7 +10,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from delayq_server.app import redis_client
-from delayq_server.store import AckOutcome, JobState, LeaseRef, Store, scripts
+from delayq_server.store import AckOutcome, JobState, LeaseRef, Store, UnknownJob, scripts
 from tests.support.proxy import LossyProxy
 from tests.support.seed import KEYS, T0, Shard, spec
 from tests.support.servers import ManagedRedis
@@ -107,3 +107,20 @@ async def test_a_stale_lease_ref_is_not_replayed(store: Store) -> None:
     lease = await shard.leased()
     assert await store.ack(KEYS, [lease], T0) == [AckOutcome.ACKED]
     assert await store.ack(KEYS, [LeaseRef(lease.job_id, lease.nonce)], T0) == [AckOutcome.UNKNOWN]
+
+
+async def test_calls_that_change_nothing_store_no_replay_entry(
+    store: Store, aredis: aioredis.Redis
+) -> None:
+    """Refusals and empty sweeps leave Redis untouched (a re-run of them is harmless)."""
+    ghost = LeaseRef("no-such-job", "n.1")
+    with pytest.raises(UnknownJob):
+        await store.nack(KEYS, ghost, delay_ms=None, dead_letter=False, reason="", now_ms=T0)
+    with pytest.raises(UnknownJob):
+        await store.extend(KEYS, ghost, 5_000, T0)
+    assert await store.ack(KEYS, [ghost], T0) == [AckOutcome.UNKNOWN]
+    assert await store.claim(KEYS, 10, 30_000, "s.1.0.", T0) == []
+    await store.reap(KEYS, now_ms=T0)
+    await store.promote(KEYS, now_ms=T0)
+    await store.expire(KEYS, now_ms=T0)
+    assert await aredis.dbsize() == 0

@@ -14,13 +14,14 @@ local k_ready, k_leased, k_dead, k_stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local prefix, channel, n = ARGV[1], ARGV[3], tonumber(ARGV[4])
 -- @include record
 local now = now_ms(ARGV[2])
-local released = 0
+local released, changed = 0, false
 local was_empty = redis.call('LLEN', k_ready) == 0
 for i = 0, n - 1 do
   local id, nonce, sent = ARGV[5 + i * 3], ARGV[6 + i * 3], ARGV[7 + i * 3]
   local rec = load(prefix, id)
   if rec and rec[R_STATE] == S_LEASED and rec[R_TOKEN] == nonce then
     redis.call('ZREM', k_leased, id)
+    changed = true
     if sent == '0' then rec[R_ATTEMPTS] = rec[R_ATTEMPTS] - 1 end
     if rec[R_ATTEMPTS] >= rec[R_MAX] then
       to_dead(prefix, k_dead, k_stats, id, rec, now, 'consumer went away on the final attempt')
@@ -34,4 +35,4 @@ for i = 0, n - 1 do
   end
 end
 if released > 0 and was_empty then redis.call('PUBLISH', channel, prefix .. ' ready') end
-return released
+return released, changed

@@ -29,17 +29,25 @@ NAMES = (
 REPLAY_TTL_MS = 30_000
 
 # Scripts that handle replays themselves (claim stores ids and nonces only, not
-# the records it delivers). Every other script is wrapped whole by _GUARD.
+# the records it delivers). Every other replayed script is wrapped by _GUARD.
 SELF_GUARDED = frozenset({"claim"})
+# Not replayed: a re-run is harmless and their replies are only counts and next
+# times the calling loop reads again (promote and expire are conditional on
+# Redis' clock). They run often on every replica, so they write no entries.
+NOT_REPLAYED = frozenset({"promote", "expire"})
+REPLAYED = frozenset(NAMES) - NOT_REPLAYED
 
+# A body may return a second value, false, when it changed nothing (a refusal,
+# an empty sweep): a re-run is then harmless and nothing is stored, so refused
+# requests leave Redis untouched.
 _GUARD = """-- @include replay
 local replay_prev = replay_get()
 if replay_prev then return replay_prev end
 local function replay_body()
 {body}
 end
-local replay_out = replay_body()
-replay_put(replay_out)
+local replay_out, replay_changed = replay_body()
+if replay_changed ~= false then replay_put(replay_out) end
 return replay_out
 """
 
@@ -57,10 +65,10 @@ def _expand(text: str) -> str:
 def source(name: str) -> str:
     """The script's text with its includes inlined (Redis has no module system).
 
-    Every script changes state, so each is made safe to re-send: its last KEY
-    is the call's request key (includes/replay.lua).
+    Scripts in REPLAYED are made safe to re-send: their last KEY is the call's
+    request key (includes/replay.lua).
     """
     text = _read(f"{name}.lua")
-    if name not in SELF_GUARDED:
+    if name in REPLAYED and name not in SELF_GUARDED:
         text = _GUARD.format(body=text)
     return _expand(text)

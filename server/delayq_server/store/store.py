@@ -171,13 +171,15 @@ class Store:
             script.sha = await self.redis.script_load(script.script)
 
     async def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        """Runs one script with a fresh request key appended to its KEYS.
+        """Runs one script, with a fresh request key appended to its KEYS.
 
-        Every script changes state and the client re-sends a command when its
-        connection drops (app.py), so each call carries a request id: a re-sent
+        The client re-sends a command when its connection drops (app.py), so
+        each call of a state-changing script carries a request id: a re-sent
         call returns the first run's reply (lua/includes/replay.lua). Every
         script's ARGV[1] is its shard's key prefix, where the request key lives.
         """
+        if name not in scripts.REPLAYED:
+            return await self._scripts[name](keys=list(keys), args=list(args))
         prefix = args[0]
         assert isinstance(prefix, str) and prefix.startswith("dq:{"), prefix
         request = f"{prefix}rq:{self._rq_prefix}{next(self._rq_seq)}"

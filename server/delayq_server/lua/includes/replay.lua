@@ -5,6 +5,7 @@
 -- re-sent call finds the reply stored by the first run and returns it instead
 -- of running the body twice (docs/decisions.md, "Lost replies").
 -- The entry lives REPLAY_TTL_MS, longer than the client's whole retry schedule.
+-- (promote and expire are not replayed: see store/scripts.py.)
 local function replay_get()
   local raw = redis.call('GET', KEYS[#KEYS])
   if raw then return cmsgpack.unpack(raw) end
