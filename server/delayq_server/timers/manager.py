@@ -107,7 +107,9 @@ class Timers:
                 return
             self._active[(keys.namespace, keys.queue)] = time.monotonic()
             self._start_queue(keys.namespace, keys.queue, count)
-            loops = self._loops[keys]
+            loops = self._loops.get(keys)
+            if loops is None:
+                return
         loops[1].lease_taken(deadline_ms)
 
     def expect_expiry(self, keys: ShardKeys, in_ms: int) -> None:
