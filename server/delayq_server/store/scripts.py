@@ -36,6 +36,7 @@ SELF_GUARDED = frozenset({"claim"})
 # Redis' clock). They run often on every replica, so they write no entries.
 NOT_REPLAYED = frozenset({"promote", "expire"})
 REPLAYED = frozenset(NAMES) - NOT_REPLAYED
+assert SELF_GUARDED <= REPLAYED  # their request key is the last KEY
 
 # A body may return a second value, false, when it changed nothing (a refusal,
 # an empty sweep): a re-run is then harmless and nothing is stored, so refused
