@@ -158,3 +158,23 @@ async def test_a_lost_due_event_is_caught_by_the_refresh(
 
 async def _ready_has(aredis: aioredis.Redis, keys: ShardKeys, job_id: str) -> bool:
     return job_id.encode() in await aredis.lrange(keys.ready, 0, -1)
+
+
+async def test_ready_removals_scan_from_the_consuming_end(
+    store: Store, shard: Shard, redis_url: str
+) -> None:
+    """LREM -1: the ids that expire or are deleted while ready sit near the tail."""
+    import redis as sync_redis
+
+    job_id = await shard.ready()
+    seen: list[list[str]] = []
+    client = sync_redis.Redis.from_url(redis_url, decode_responses=True)
+    with client.monitor() as monitor:
+        await store.delete(KEYS, job_id)
+        for entry in monitor.listen():
+            command = entry["command"]
+            if command.startswith("LREM"):
+                seen.append(command.split())
+                break
+    client.close()
+    assert seen == [["LREM", KEYS.ready, "-1", job_id]]
