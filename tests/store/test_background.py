@@ -169,7 +169,7 @@ async def test_ready_removals_scan_from_the_consuming_end(
     job_id = await shard.ready()
     seen: list[list[str]] = []
     client = sync_redis.Redis.from_url(redis_url, decode_responses=True)
-    with client.monitor() as monitor:
+    with client.monitor() as monitor:  # type: ignore[no-untyped-call]
         await store.delete(KEYS, job_id)
         for entry in monitor.listen():
             command = entry["command"]
