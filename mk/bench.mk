@@ -40,6 +40,11 @@ TEST_TARGETS += bench-quick
 # mypy over bench/ needs matplotlib's stubs, which bench-deps installs.
 lint-py: $(BENCH_STAMP)
 
+# Redelivery after a SIGKILLed Worker, with and without its release grace (issue 8).
+.PHONY: bench-redelivery
+bench-redelivery: deps
+	$(PY) -m bench.redelivery $(BENCH_ARGS)
+
 # Redis CPU per script call with and without the lost-reply guard (issue 8).
 bench-replay: deps
 	$(PY) -m bench.replay_overhead $(BENCH_ARGS)

@@ -25,6 +25,9 @@ class Config:
     retry_multiplier: float = 2.0
     retry_jitter: float = 0.2
     max_payload_bytes: int = 256 * 1024
+    # Cap on one ConsumeResponse: well under a default gRPC client's 4 MiB receive
+    # limit, and above the largest job (see validation.max_delivery_bytes).
+    max_response_bytes: int = 1024 * 1024
     shards_per_queue: int = 1
     completed_retention_ms: int = 0
     idempotency_window_ms: int = 24 * 3_600_000
@@ -47,6 +50,11 @@ _FLAGS: dict[str, tuple[str, type | None, str]] = {
     "retry_multiplier": ("DELAYQ_RETRY_MULTIPLIER", float, "default backoff growth"),
     "retry_jitter": ("DELAYQ_RETRY_JITTER", float, "default backoff jitter fraction"),
     "max_payload_bytes": ("DELAYQ_MAX_PAYLOAD_BYTES", int, "payload size limit"),
+    "max_response_bytes": (
+        "DELAYQ_MAX_RESPONSE_BYTES",
+        int,
+        "byte cap on one Consume stream message (default 1 MiB)",
+    ),
     "shards_per_queue": ("DELAYQ_SHARDS_PER_QUEUE", int, "shards of a newly created queue"),
     "completed_retention_ms": ("DELAYQ_COMPLETED_RETENTION", None, "keep acked jobs this long"),
     "idempotency_window_ms": ("DELAYQ_IDEMPOTENCY_WINDOW", None, "idempotency key lifetime"),
@@ -95,6 +103,8 @@ _RANGES: dict[str, tuple[float, float, str]] = {
     "retry_multiplier": (1.0, 10.0, "1.0 to 10.0"),
     "retry_jitter": (0.0, 1.0, "0.0 to 1.0"),
     "max_payload_bytes": (1, 32 * _MIB, f"1 to {32 * _MIB}"),
+    # The server's own gRPC send limit is 64 MiB (app.SERVER_OPTIONS).
+    "max_response_bytes": (1, 64 * _MIB, f"1 to {64 * _MIB}"),
     "shards_per_queue": (1, 1024, "1 to 1024"),
     "completed_retention_ms": (0, 366 * _DAY_MS, "0 (off) to 366d"),
     # 0 would make every idempotent enqueue fail (Redis refuses SET ... PX 0).
@@ -128,6 +138,16 @@ def check(cfg: Config) -> None:
         raise ConfigError(f"--listen: {cfg.listen!r} is not host:port (port 0 picks one)")
     if cfg.redis_url is None and not cfg.data_dir:
         raise ConfigError("--data-dir: must not be empty")
+    # Imported here: validation imports this module.
+    from delayq_server.validation import max_delivery_bytes
+
+    largest = max_delivery_bytes(cfg.max_payload_bytes)
+    if cfg.max_response_bytes < largest:
+        raise ConfigError(
+            f"--max-response-bytes: {cfg.max_response_bytes} is below the largest delivery "
+            f"({largest} bytes with --max-payload-bytes {cfg.max_payload_bytes}): "
+            "a single job must always fit in one message"
+        )
 
 
 def load(argv: Sequence[str] | None = None, env: dict[str, str] | None = None) -> Config:
