@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import socket
+from urllib.parse import urlsplit
 
 import grpc
 from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from redis.exceptions import RedisError
 
 from delayq.v1 import service_pb2, service_pb2_grpc
 from delayq_server import events, redis_client, telemetry
@@ -33,10 +37,46 @@ SERVER_OPTIONS = [
     ("grpc.http2.max_pings_without_data", 0),
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    # gRPC Python sets SO_REUSEPORT by default: a second server on the same port
+    # would start silently and split the traffic. Binding must fail instead.
+    ("grpc.so_reuseport", 0),
 ]
 
 
 FINISH_TIMEOUT_S = 5.0
+
+
+class StartupError(Exception):
+    """The server cannot start; the message is the one line printed to the operator."""
+
+
+def _check_bind(listen: str) -> None:
+    """Refuses an address another process listens on, with one clear line
+    (gRPC's own bind failure also logs a core error line first)."""
+    host, _, port = listen.rpartition(":")
+    if port == "0":
+        return
+    host = host.strip("[]")
+    try:
+        infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise StartupError(f"cannot listen on {listen}: {exc}") from exc
+    family, kind, proto, _, addr = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(addr)
+        except OSError as exc:
+            raise StartupError(f"cannot listen on {listen}: {exc.strerror}") from exc
+
+
+def _safe_url(url: str) -> str:
+    """The URL without a password, for messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    return parts._replace(netloc=f"***@{netloc}").geturl()
 
 
 class App:
@@ -45,6 +85,7 @@ class App:
     def __init__(self, cfg: Config, redis_url: str) -> None:
         self.cfg = cfg
         self.server_id = os.urandom(4).hex()
+        self.redis_url = redis_url
         self.redis = redis_client.connect(redis_url)
         self.store = Store(
             self.redis,
@@ -59,8 +100,15 @@ class App:
             self.hub,
             self.server_id,
             on_leased=lambda keys, deadline_ms: self.timers.lease_taken(keys, deadline_ms),
+            idle_fallback_s=cfg.wake_fallback_ms / 1000,
         )
-        self.timers = Timers(self.store, self.hub, self.dispatcher.on_reaped, self.server_id)
+        self.timers = Timers(
+            self.store,
+            self.hub,
+            self.dispatcher.on_reaped,
+            self.server_id,
+            fallback_s=cfg.wake_fallback_ms / 1000,
+        )
         self.listener = events.PubSubListener(
             self.redis,
             self.hub,
@@ -84,7 +132,11 @@ class App:
 
     async def start(self) -> int:
         """Checks Redis, starts loops, binds and serves; returns the bound port."""
-        await self.redis.ping()
+        try:
+            await self.redis.ping()
+            await self.store.load_scripts()
+        except RedisError as exc:
+            raise StartupError(f"cannot use Redis at {_safe_url(self.redis_url)}: {exc}") from exc
         self.listener.start()
         await asyncio.wait_for(self.listener.ready.wait(), 10)
         await self.timers.start()
@@ -96,9 +148,15 @@ class App:
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
         )
-        self.port = self.server.add_insecure_port(self.cfg.listen)
+        _check_bind(self.cfg.listen)
+        try:
+            self.port = self.server.add_insecure_port(self.cfg.listen)
+        except RuntimeError:
+            self.port = 0
         if self.port == 0:
-            raise RuntimeError(f"cannot listen on {self.cfg.listen}")
+            raise StartupError(
+                f"cannot listen on {self.cfg.listen}: address in use or not available"
+            )
         await self.server.start()
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
@@ -115,6 +173,15 @@ class App:
             await asyncio.wait_for(self._finish(), timeout=FINISH_TIMEOUT_S)
         except TimeoutError:
             log.warning("shutdown: Redis clean-up did not finish in %ss", FINISH_TIMEOUT_S)
+
+    async def abort(self) -> None:
+        """Undoes a start that failed half-way (nothing was served)."""
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.timers.stop(), FINISH_TIMEOUT_S)
+        with contextlib.suppress(Exception):
+            await self.listener.stop()
+        with contextlib.suppress(Exception):
+            await self.redis.aclose()
 
     async def _finish(self) -> None:
         await self.dispatcher.drain_releases()

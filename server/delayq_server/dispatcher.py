@@ -21,7 +21,7 @@ from delayq_server import events
 from delayq_server.ids import LeaseToken
 from delayq_server.store import Claimed, LeaseRef, ShardKeys, Store
 from delayq_server.store.keys import server_channel
-from delayq_server.stream import ConsumeStream
+from delayq_server.stream import IDLE_FALLBACK_S, ConsumeStream
 from delayq_server.wakeups import ReadyBoard
 
 log = logging.getLogger(__name__)
@@ -36,8 +36,10 @@ class Dispatcher:
         hub: events.EventHub,
         server_id: str,
         on_leased: Callable[[ShardKeys, int], None] = lambda keys, deadline_ms: None,
+        idle_fallback_s: float = IDLE_FALLBACK_S,
     ) -> None:
         self.store = store
+        self.idle_fallback_s = idle_fallback_s
         self.on_leased = on_leased  # tells this replica's reaper about new deadlines
         self.hub = hub
         self.server_id = server_id

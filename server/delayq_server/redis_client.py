@@ -15,11 +15,18 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from delayq_server.store.scripts import REPLAY_TTL_MS
+
 # Both clients expose the same command API; the store takes either.
 RedisClient = aioredis.Redis | RedisCluster
 
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 POOL_SIZE = 64  # per node
+RETRIES = 3
+BACKOFF_CAP_S = 1.0
+CONNECT_TIMEOUT_S = 2.0
+# A re-sent script must still find its first run's reply (store/scripts.py).
+assert RETRIES * (BACKOFF_CAP_S + CONNECT_TIMEOUT_S) * 1000 < REPLAY_TTL_MS / 2
 
 
 def is_cluster(url: str) -> bool:
@@ -29,12 +36,14 @@ def is_cluster(url: str) -> bool:
 def connect(url: str) -> RedisClient:
     """A ``redis.asyncio.Redis`` or ``RedisCluster`` (same command API) for ``url``.
 
-    A command that fails on a dropped connection (Redis restarted, failover) is
-    retried a few times on a fresh one. The pool waits for a free connection:
+    A command that fails on a dropped connection (Redis restarted, failover, a
+    lost reply) is re-sent a few times on a fresh one. Every script carries a
+    request id, so a re-sent script returns its first run's reply instead of
+    running again (docs/decisions.md, "Lost replies"). The pool waits for a free connection:
     a batch spread over hundreds of queues (one script call per shard,
     concurrently) queues up instead of failing with "Too many connections".
     """
-    retry = Retry(ExponentialBackoff(cap=1.0, base=0.05), 3)
+    retry = Retry(ExponentialBackoff(cap=BACKOFF_CAP_S, base=0.05), RETRIES)
     retry_on = [RedisConnectionError, RedisTimeoutError]
     scheme, rest = url.split("://", 1)
     if scheme in CLUSTER_SCHEMES:
@@ -42,7 +51,7 @@ def connect(url: str) -> RedisClient:
             f"{CLUSTER_SCHEMES[scheme]}://{rest}",
             decode_responses=False,
             max_connections=POOL_SIZE,
-            socket_connect_timeout=2,
+            socket_connect_timeout=CONNECT_TIMEOUT_S,
             retry=retry,
             retry_on_error=retry_on,
         )
@@ -52,7 +61,7 @@ def connect(url: str) -> RedisClient:
         timeout=10,
         decode_responses=False,
         health_check_interval=30,
-        socket_connect_timeout=2,
+        socket_connect_timeout=CONNECT_TIMEOUT_S,
         retry=retry,
         retry_on_error=retry_on,
     )

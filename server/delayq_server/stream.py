@@ -172,7 +172,7 @@ class ConsumeStream:
             if not board.go_idle(self, tags):
                 continue  # a shard was hinted while we claimed: claim again
             try:
-                await asyncio.wait_for(self.wake.wait(), IDLE_FALLBACK_S)
+                await asyncio.wait_for(self.wake.wait(), self._d.idle_fallback_s)
             except TimeoutError:
                 board.hint_all(tags)  # last resort: an event may have been lost
             finally:

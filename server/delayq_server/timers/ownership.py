@@ -61,14 +61,23 @@ class Ownership(Loop):
     def owned(self) -> list[ShardKeys]:
         return [k for k in self._until if self.holds(k)]
 
+    @property
+    def live(self) -> list[str]:
+        """Live replicas as of the last heartbeat (this one at least)."""
+        return self._live
+
     async def tick(self) -> float | None:
         started = time.monotonic()  # before the calls: the Redis lease starts later
         live = await self._store.heartbeat(self._server_id, LEASE_MS) or [self._server_id]
         self._live = live
         mine: list[ShardKeys] = []
         theirs: list[ShardKeys] = []
-        for keys in self._shards():
+        shards = self._shards()
+        for keys in shards:
             (mine if preferred(keys, live) == self._server_id else theirs).append(keys)
+        # Shards whose loops stopped (idle) need no owner: let their leases go.
+        running = set(shards)
+        theirs += [k for k in self._until if k not in running]
         # A shard another live replica prefers is handed over: given up, so the
         # preferred one takes it on its next renewal instead of after a lease.
         handed = [k for k in theirs if k in self._until]

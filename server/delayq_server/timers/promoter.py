@@ -27,8 +27,10 @@ class Promoter(Loop):
 
     async def tick(self) -> float | None:
         if not self._owns():
+            self.idle = True  # nothing for this replica to do here
             return None  # another replica promotes; woken again when we own the shard
         res = await self._store.promote(self._keys, PROMOTE_LIMIT)
+        self.idle = res.next_due_ms is None
         # promote.lua publishes the "ready" wake-up for every replica, this one too.
         if res.moved >= PROMOTE_LIMIT:
             return 0  # more are due: go again at once (each call is bounded)

@@ -40,12 +40,14 @@ class Reaper(Loop):
 
     async def tick(self) -> float | None:
         if not self._owns():
+            self.idle = True  # nothing for this replica to do here
             return None  # another replica reaps; woken again when we own the shard
         res = await self._store.reap(self._keys)
         # reap.lua publishes the "ready"/"due" wake-ups for retried jobs.
         if res.reaped:
             self._on_reaped(self._keys, res.reaped)
         self._wake_at_ms = res.next_deadline_ms
+        self.idle = res.next_deadline_ms is None and not res.more
         if res.more:
             return 0
         if res.next_deadline_ms is None:
