@@ -129,9 +129,10 @@ def check(cfg: Config) -> None:
         raise ConfigError(f"--log-level: must be one of {', '.join(_LOG_LEVELS)}")
     if cfg.redis_url is not None:
         scheme = urlsplit(cfg.redis_url).scheme
-        if scheme not in ("redis", "rediss", "unix"):
+        if scheme not in ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster"):
             raise ConfigError(
-                f"--redis-url: {cfg.redis_url!r} is not a redis://, rediss:// or unix:// URL"
+                f"--redis-url: {cfg.redis_url!r} is not a redis://, rediss://, unix:// or "
+                "redis+cluster:// URL"
             )
     host, sep, port = cfg.listen.rpartition(":")
     if not sep or not host or not port.isdigit() or int(port) > 65535:
