@@ -51,8 +51,8 @@ class Dispatcher:
         self.board = ReadyBoard()
         hub.listen(events.READY, self._on_ready)
 
-    def _on_ready(self, tag: str) -> None:
-        self.board.fire(tag)
+    def _on_ready(self, tag: str, detail: str) -> None:
+        self.board.fire(tag, int(detail) if detail.isdigit() else 1)
 
     def open(
         self,
@@ -79,7 +79,7 @@ class Dispatcher:
         what is left is released when the grace ends.
         """
         stream.closing = True
-        self.board.stop_idle(stream, stream.tags)
+        self.board.stop_idle(stream)
         if stream.release_grace_ms > 0 and stream.outstanding:
             linger = asyncio.create_task(self._linger(stream), name=f"linger {stream.seq}")
             self._lingering.add(linger)

@@ -1,6 +1,6 @@
 """Wake-ups: local broadcasts plus a Redis pub/sub listener for other replicas.
 
-Scripts publish "<shard prefix> ready" when an empty ready list gets jobs and
+Scripts publish "<shard prefix> ready <count>" when an empty ready list gets jobs and
 "<shard prefix> due <ms>" when a shard's earliest due time moves earlier. Every
 replica listens, so a job enqueued through one server wakes the promoter and
 the idle Consume streams of all of them. Pub/sub is at-most-once: every
@@ -46,13 +46,14 @@ class EventHub:
 
     def __init__(self) -> None:
         self._subs: dict[tuple[str, str], set[asyncio.Event]] = defaultdict(set)
-        self._handlers: dict[str, list[Callable[[str], None]]] = defaultdict(list)
+        self._handlers: dict[str, list[Callable[[str, str], None]]] = defaultdict(list)
         # Called for an event no loop here waits for (a stopped shard's "due").
         self.on_unheard: Callable[[str, str], None] = lambda kind, tag: None
 
-    def listen(self, kind: str, handler: Callable[[str], None]) -> None:
-        """Calls ``handler(tag)`` for every event of ``kind`` (the dispatcher's
-        ready board decides which stream to wake)."""
+    def listen(self, kind: str, handler: Callable[[str, str], None]) -> None:
+        """Calls ``handler(tag, detail)`` for every event of ``kind`` (the
+        dispatcher's ready board decides which streams to wake); ``detail`` is
+        the rest of the message, e.g. the count of a "ready" event."""
         self._handlers[kind].append(handler)
 
     def subscribe(self, kind: str, tag: str, event: asyncio.Event) -> None:
@@ -65,12 +66,12 @@ class EventHub:
             if not subs:
                 del self._subs[(kind, tag)]
 
-    def fire(self, kind: str, tag: str) -> None:
+    def fire(self, kind: str, tag: str, detail: str = "") -> None:
         subs = self._subs.get((kind, tag))
         for event in subs or ():
             event.set()
         for handler in self._handlers.get(kind, ()):
-            handler(tag)
+            handler(tag, detail)
         if not subs:
             self.on_unheard(kind, tag)
 
@@ -155,5 +156,5 @@ class PubSubListener:
                 self._on_keep(rest.split())
             return
         prefix, _, rest = text.partition(" ")
-        kind = rest.split(" ", 1)[0]
-        self._hub.fire(kind, tag_of(prefix))
+        kind, _, detail = rest.partition(" ")
+        self._hub.fire(kind, tag_of(prefix), detail)

@@ -62,6 +62,10 @@ class ConsumeStream:
         self._woken_for: str | None = None  # the tag whose event woke us, claimed first
         self.closing = False
 
+    @property
+    def credit(self) -> int:
+        return max(0, min(self._max_outstanding - len(self.outstanding), self._max_batch))
+
     def wake_up(self, tag: str | None = None) -> None:
         """Called by the ready board (one idle stream per event) and by credit."""
         if tag is not None:
@@ -150,6 +154,7 @@ class ConsumeStream:
     async def deliveries(self) -> AsyncIterator[list[tuple[ShardKeys, Claimed]]]:
         """Yields batches of fresh leases until the stream is closed."""
         board = self._d.board
+        first = True
         while not self.closing:
             self.wake.clear()
             if len(self.outstanding) >= self._max_outstanding:
@@ -158,6 +163,19 @@ class ConsumeStream:
                 if not self.wake.is_set():
                     await self._verify_outstanding()
                 continue
+            tags = list(self.tags)
+            if not first and self._woken_for is None:
+                # Credit came back. Take turns: when other streams wait idle for
+                # a hinted shard, wake the longest-waiting one and queue behind it,
+                # so a busy stream does not take every job (fair spread).
+                turn = next((t for t in board.hinted(tags) if board.has_idle(t)), None)
+                if turn is not None:
+                    board.pass_on(turn)
+                    board.go_idle(self, tags, force=True)
+                    await self._wait_idle(tags)
+                    continue
+            first = False
+            woken = self._woken_for is not None
             batch = await self._claim_round()
             if batch:
                 # Handed to gRPC from here on: the client may have it even if
@@ -168,15 +186,18 @@ class ConsumeStream:
                         o.sent = True
                 yield batch
                 continue
-            tags = list(self.tags)
-            if not board.go_idle(self, tags):
-                continue  # a shard was hinted while we claimed: claim again
-            try:
-                await asyncio.wait_for(self.wake.wait(), self._d.idle_fallback_s)
-            except TimeoutError:
-                board.hint_all(tags)  # last resort: an event may have been lost
-            finally:
-                board.stop_idle(self, tags)
+            if board.go_idle(self, tags, front=woken):  # refused: hinted meanwhile
+                await self._wait_idle(tags)
+
+    async def _wait_idle(self, tags: list[str]) -> None:
+        """Waits registered on the ready board until woken (or the fallback)."""
+        board = self._d.board
+        try:
+            await asyncio.wait_for(self.wake.wait(), self._d.idle_fallback_s)
+        except TimeoutError:
+            board.hint_all(tags)  # last resort: an event may have been lost
+        finally:
+            board.stop_idle(self)
 
     async def _verify_outstanding(self) -> None:
         """Drops leases this stream no longer holds (credit lost with a pub/sub message,
