@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from delayq_server.store import Claimed, LeaseRef, ShardKeys
+from delayq_server.store.store import CLAIM_LIMIT
 
 if TYPE_CHECKING:
     from delayq_server.dispatcher import Dispatcher
@@ -137,8 +138,9 @@ class ConsumeStream:
                 if budget <= 0:
                     break
                 prefix = f"{self._d.server_id}.{self.seq}.{next(self._claims)}."
-                claimed = await self._claim(keys, budget, prefix)
-                if len(claimed) < budget:
+                asked = min(budget, CLAIM_LIMIT)  # what one claim call can take
+                claimed = await self._claim(keys, asked, prefix)
+                if len(claimed) < asked:
                     board.drained(keys.tag, hinted[keys.tag])
                 else:
                     board.pass_on(keys.tag)  # maybe more: let another stream help
