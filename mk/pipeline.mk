@@ -18,3 +18,15 @@ $(PIPELINE_STAMP): pipeline/pyproject.toml $(STAMP)
 pipeline-deps: java-deps $(PIPELINE_STAMP)
 
 deps: pipeline-deps
+
+# Issue 10's figure: 1,000,000 rows end to end through `delayq-pipeline schedule`
+# beside the Python client sending the same rows, same run (.run/bench-pipeline).
+bench-pipeline: deps
+	$(PY) -m bench.pipeline_throughput $(BENCH_ARGS)
+
+# Generates a dataset, schedules it, works it, exports the events, writes the report
+# (.run/pipeline-demo/report/report.html) against a fresh server with --record-events.
+pipeline-demo: deps
+	rm -rf .run/pipeline-demo
+	$(PY) scripts/with_server.py --server-arg=--record-events -- \
+	  $(PY) -m delayq_pipeline.demo --out .run/pipeline-demo $(DEMO_ARGS)

@@ -1,0 +1,171 @@
+"""`make bench-pipeline`: 1M rows through delayq-pipeline schedule vs the Python client, one run.
+
+Both send the same rows (100-byte payloads, due times spread over a day, one
+idempotency key each) to one fresh server and Redis; Redis is flushed between
+them. CPU seconds per process group (from /proc) say where the time went.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import redis
+
+from delayq import Client, Message
+from delayq_pipeline.prepare import ColumnMapping
+from delayq_pipeline.schedule import schedule
+from delayq_pipeline.sender import ClientSettings
+from delayq_pipeline.session import SparkSettings, spark_session
+from tests.support.servers import DelayqProcess, ManagedRedis
+
+QUEUE = "bench"
+DAY_MS = 86_400_000
+STATS = f"dq:{{default/{QUEUE}/0}}:stats"  # the shard's counters (server store/keys.py)
+
+
+def _ticks(pid: int) -> float:
+    """CPU seconds (user + system) of one process, 0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _descendants(pid: int) -> list[int]:
+    out: list[int] = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == pid:
+            child = int(stat.parent.name)
+            out += [child, *_descendants(child)]
+    return out
+
+
+class CpuMeter:
+    """CPU seconds used by the server, Redis and this process tree (Spark JVM + workers)."""
+
+    def __init__(self, server: int, redis_pid: int) -> None:
+        self.groups = {"server": server, "redis": redis_pid}
+        self.start = self.sample()
+
+    def sample(self) -> dict[str, float]:
+        me = os.getpid()
+        skip = set(self.groups.values())
+        mine = [p for p in [me, *_descendants(me)] if p not in skip]
+        out = {name: _ticks(pid) for name, pid in self.groups.items()}
+        out["driver+spark"] = sum(_ticks(p) for p in mine)
+        # Exited Python workers are counted through the children times of their parents.
+        out["driver+spark"] += sum(os.times()[2:4])
+        return out
+
+    def since(self) -> dict[str, float]:
+        now = self.sample()
+        return {k: round(now[k] - self.start[k], 1) for k in now}
+
+
+def rows(n: int, start: datetime) -> Iterator[tuple[str, str, int]]:
+    """The same rows the Spark job reads: key, 100-byte payload, due ms."""
+    base = int(start.timestamp() * 1000)
+    for i in range(n):
+        yield f"k{i}", f"{i:0100d}", base + (i * DAY_MS) // n
+
+
+def write_dataset(spark: object, path: Path, n: int, start: datetime) -> None:
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+
+    assert isinstance(spark, SparkSession)
+    base = int(start.timestamp() * 1000)
+    df = spark.range(n, numPartitions=8).select(
+        F.concat(F.lit("k"), F.col("id").cast("string")).alias("key"),
+        F.lpad(F.col("id").cast("string"), 100, "0").alias("payload"),
+        F.timestamp_millis(F.lit(base) + (F.col("id") * DAY_MS / n).cast("long")).alias("due"),
+    )
+    df.write.mode("overwrite").parquet(str(path))
+
+
+def python_client(address: str, n: int, start: datetime) -> float:
+    began = time.monotonic()
+    chunk: list[Message] = []
+    with Client(address, timeout=60) as client:
+        for key, payload, due in rows(n, start):
+            when = datetime.fromtimestamp(due / 1000, UTC)
+            chunk.append(Message(payload.encode(), at=when, idempotency_key=key))
+            if len(chunk) == 1000:
+                client.enqueue_many(QUEUE, chunk)
+                chunk = []
+        if chunk:
+            client.enqueue_many(QUEUE, chunk)
+    return time.monotonic() - began
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", type=int, default=1_000_000)
+    p.add_argument("--master", default="local[*]")
+    p.add_argument("--partitions", type=int, default=8)
+    p.add_argument("--in-flight", type=int, default=4)
+    p.add_argument("--batch-size", type=int, default=1000)
+    p.add_argument("--out", default=".run/bench-pipeline")
+    a = p.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    start = datetime.now(UTC) + timedelta(minutes=10)
+    results: dict[str, object] = {"rows": a.rows, "master": a.master, "cpus": os.cpu_count()}
+    with (
+        tempfile.TemporaryDirectory(prefix="delayq-bench-") as tmp,
+        ManagedRedis(Path(tmp) / "redis", appendonly=False) as rds,
+        DelayqProcess(rds.url) as server,
+    ):
+        assert server.proc is not None and rds.proc is not None
+        spark = spark_session(SparkSettings(master=a.master, driver_memory="1g"))
+        t0 = time.monotonic()
+        write_dataset(spark, Path(tmp) / "jobs", a.rows, start)
+        results["generate_s"] = round(time.monotonic() - t0, 1)
+        mapping = ColumnMapping(queue=QUEUE, payload_col="payload", due_col="due", key_col="key")
+        settings = ClientSettings(
+            target=server.address, batch_size=a.batch_size, in_flight=a.in_flight
+        )
+        meter = CpuMeter(server.proc.pid, rds.proc.pid)
+        summary, _ = schedule(spark, [str(Path(tmp) / "jobs")], mapping, settings)
+        db = redis.Redis.from_url(rds.url)
+        results["pipeline"] = {
+            **summary.as_dict(),
+            "stored": int(db.hget(STATS, "enqueued") or 0),
+            "cpu_s": meter.since(),
+        }
+        spark.stop()
+        print(json.dumps(results["pipeline"]), flush=True)
+        # Freeing a million jobs takes longer than a client's read timeout: lazily, then poll.
+        db.flushall(asynchronous=True)
+        while db.dbsize():
+            time.sleep(0.2)
+        meter = CpuMeter(server.proc.pid, rds.proc.pid)
+        seconds = python_client(server.address, a.rows, start)
+        results["python_client"] = {
+            "seconds": round(seconds, 2),
+            "rows_per_second": round(a.rows / seconds, 1),
+            "stored": int(db.hget(STATS, "enqueued") or 0),
+            "cpu_s": meter.since(),
+        }
+        db.close()
+    text = json.dumps(results, indent=2)
+    (out / "results.json").write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
