@@ -29,6 +29,8 @@ class Config:
     grace_ms: int = 10_000
     log_level: str = "INFO"
     otel: bool = False  # export traces/metrics over OTLP (OTEL_EXPORTER_OTLP_* env)
+    record_events: bool = False  # lifecycle events to per-shard streams (store/lifecycle.py)
+    events_maxlen: int = 1_000_000  # per shard stream, approximate (MAXLEN ~)
 
 
 # flag name -> (env var, parser, help)
@@ -49,6 +51,7 @@ _FLAGS: dict[str, tuple[str, type | None, str]] = {
     "bucket_width_ms": ("DELAYQ_BUCKET_WIDTH", None, "backlog time-bucket width"),
     "grace_ms": ("DELAYQ_GRACE", None, "shutdown grace period"),
     "log_level": ("DELAYQ_LOG_LEVEL", str, "logging level"),
+    "events_maxlen": ("DELAYQ_EVENTS_MAXLEN", int, "entries kept per shard's events stream"),
 }
 
 
@@ -66,6 +69,12 @@ def load(argv: Sequence[str] | None = None, env: dict[str, str] | None = None) -
         flag = "--" + name.removesuffix("_ms").replace("_", "-")
         parser.add_argument(flag, dest=name, default=None, help=f"{text} (env {var})")
     parser.add_argument("--otel", action="store_true", default=None, help="export OTLP telemetry")
+    parser.add_argument(
+        "--record-events",
+        action="store_true",
+        default=None,
+        help="record lifecycle events to per-shard Redis streams (env DELAYQ_RECORD_EVENTS=1)",
+    )
     ns = parser.parse_args(argv)
     values: dict[str, object] = {}
     for name, (var, kind, _text) in _FLAGS.items():
@@ -79,7 +88,11 @@ def load(argv: Sequence[str] | None = None, env: dict[str, str] | None = None) -
                 parser.error(f"{name}: {exc}")
     if ns.otel or env.get("DELAYQ_OTEL", "") in ("1", "true"):
         values["otel"] = True
+    if ns.record_events or env.get("DELAYQ_RECORD_EVENTS", "") in ("1", "true"):
+        values["record_events"] = True
     cfg = Config(**values)  # type: ignore[arg-type]
     if cfg.shards_per_queue < 1 or cfg.shards_per_queue > 1024:
         parser.error("shards_per_queue: must be 1 to 1024")
+    if cfg.events_maxlen < 1:
+        parser.error("events_maxlen: must be at least 1")
     return cfg

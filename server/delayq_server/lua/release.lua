@@ -5,7 +5,8 @@
 -- KEYS[4] stats   HASH  counters
 -- ARGV[1] prefix, ARGV[2] now ms ('' = Redis TIME), ARGV[3] events channel,
 -- ARGV[4] n (<= 1000), then n triples: job id, nonce, sent (1 = the delivery reached
--- the stream; 0 = claimed but never sent, so its attempt is not counted)
+-- the stream; 0 = claimed but never sent, so its attempt is not counted),
+-- then events MAXLEN (0 = off; lua/includes/events.lua)
 -- Returns: number of jobs released (tokens no longer current are skipped).
 -- Released jobs go to the consuming end of the list: they were due first.
 -- The attempt was counted at claim, so a job that crashes every worker that
@@ -13,6 +14,7 @@
 local k_ready, k_leased, k_dead, k_stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local prefix, channel, n = ARGV[1], ARGV[3], tonumber(ARGV[4])
 -- @include record
+-- @include events
 local now = now_ms(ARGV[2])
 local released = 0
 local was_empty = redis.call('LLEN', k_ready) == 0
@@ -24,12 +26,14 @@ for i = 0, n - 1 do
     if sent == '0' then rec[R_ATTEMPTS] = rec[R_ATTEMPTS] - 1 end
     if rec[R_ATTEMPTS] >= rec[R_MAX] then
       to_dead(prefix, k_dead, k_stats, id, rec, now, 'consumer went away on the final attempt')
+      emit(prefix, 'dead', id, now, rec, 'consumer went away on the final attempt')
     else
       rec[R_STATE] = S_READY
       rec[R_TOKEN] = ''
       save(prefix, id, rec)
       redis.call('RPUSH', k_ready, id)
       released = released + 1
+      emit(prefix, 'released', id, now, rec, sent == '0' and 'unsent' or '')
     end
   end
 end

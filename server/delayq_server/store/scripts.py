@@ -22,6 +22,12 @@ NAMES = (
     "release",
 )
 
+# Scripts that record lifecycle events: their last argument is the events
+# stream's MAXLEN, 0 = off (lua/includes/events.lua). Store._run appends it.
+RECORDS_EVENTS = frozenset(
+    {"ack", "claim", "dead", "delete", "enqueue", "expire", "nack", "reap", "release"}
+)
+
 
 def _read(relative: str) -> str:
     return resources.files("delayq_server").joinpath("lua", relative).read_text("utf-8")

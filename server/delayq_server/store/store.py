@@ -148,8 +148,12 @@ class Store:
         idempotency_window_ms: int = 24 * 3600 * 1000,
         completed_retention_ms: int = 0,
         default_shards: int = 1,
+        events_maxlen: int = 0,
     ) -> None:
         self.redis = client
+        # > 0: every transition is also XADDed to the shard's events stream,
+        # trimmed to about this many entries (--record-events, store/lifecycle.py).
+        self.events_maxlen = events_maxlen
         self.bucket_width_ms = bucket_width_ms
         self.idempotency_window_ms = idempotency_window_ms
         self.completed_retention_ms = completed_retention_ms
@@ -160,7 +164,10 @@ class Store:
         self._shards: dict[tuple[str, str], int] = {}
 
     async def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        return await self._scripts[name](keys=list(keys), args=list(args))
+        argv = list(args)
+        if name in scripts.RECORDS_EVENTS:
+            argv.append(self.events_maxlen)
+        return await self._scripts[name](keys=list(keys), args=argv)
 
     # -- queues -----------------------------------------------------------------
 

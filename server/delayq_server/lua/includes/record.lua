@@ -97,8 +97,8 @@ local function to_retry(prefix, index, ready, stats, width, id, rec, now, delay,
 end
 
 -- Removes a job from whichever structure holds it, then its record.
--- Returns the state it was in (0 when unknown) and its lease nonce, so the
--- stream that held a deleted lease can get its credit back.
+-- Returns the state it was in (0 when unknown), its lease nonce, so the
+-- stream that held a deleted lease can get its credit back, and the record.
 local function remove_job(prefix, k_index, k_ready, k_leased, k_dead, k_done, k_exp, k_stats, width, id)
   local rec = load(prefix, id)
   if not rec then return 0, '' end
@@ -122,6 +122,6 @@ local function remove_job(prefix, k_index, k_ready, k_leased, k_dead, k_done, k_
   end
   redis.call('ZREM', k_exp, id)
   redis.call('DEL', prefix .. 'j:' .. id)
-  if st == S_LEASED then return st, rec[R_TOKEN] end
-  return st, ''
+  if st == S_LEASED then return st, rec[R_TOKEN], rec end
+  return st, '', rec
 end
