@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import redis.asyncio as aioredis
 
@@ -16,7 +18,7 @@ def recording(aredis: aioredis.Redis) -> Shard:
 
 
 async def events(shard: Shard) -> list[LifecycleEvent]:
-    entries = await shard.store.redis.xrange(shard.keys.events)
+    entries: Any = await shard.store.redis.xrange(shard.keys.events)
     return [decode_event(fields) for _, fields in entries]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["EVENT_KINDS", "LifecycleEvent", "decode_event"]
 
@@ -40,7 +41,7 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def decode_event(fields: Mapping[bytes, bytes] | Mapping[str, str]) -> LifecycleEvent:
+def decode_event(fields: Mapping[Any, Any]) -> LifecycleEvent:
     """A stream entry's fields (``e j t d c a r``) as an event."""
     f = {_text(k): _text(v) for k, v in fields.items()}
     return LifecycleEvent(
