@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -53,8 +55,18 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
+def _is_java(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].endswith(b"java")
+    except OSError:
+        return False
+
+
 class CpuMeter:
-    """CPU seconds used by the server, Redis and this process tree (Spark JVM + workers)."""
+    """CPU seconds of the server, Redis, the Spark JVM, its Python workers and this process.
+
+    Sampled while Spark still runs: its Python workers are reused, so they are alive.
+    """
 
     def __init__(self, server: int, redis_pid: int) -> None:
         self.groups = {"server": server, "redis": redis_pid}
@@ -63,11 +75,15 @@ class CpuMeter:
     def sample(self) -> dict[str, float]:
         me = os.getpid()
         skip = set(self.groups.values())
-        mine = [p for p in [me, *_descendants(me)] if p not in skip]
+        mine = [
+            p
+            for p in _descendants(me)
+            if p not in skip and p not in _descendants(self.groups["server"])
+        ]
         out = {name: _ticks(pid) for name, pid in self.groups.items()}
-        out["driver+spark"] = sum(_ticks(p) for p in mine)
-        # Exited Python workers are counted through the children times of their parents.
-        out["driver+spark"] += sum(os.times()[2:4])
+        out["spark_jvm"] = sum(_ticks(p) for p in mine if _is_java(p))
+        out["spark_python_workers"] = sum(_ticks(p) for p in mine if not _is_java(p))
+        out["bench_process"] = _ticks(me)
         return out
 
     def since(self) -> dict[str, float]:
@@ -111,6 +127,44 @@ def python_client(address: str, n: int, start: datetime) -> float:
     return time.monotonic() - began
 
 
+def _profile(on: bool, out: Path, pids: dict[str, int]) -> dict[str, subprocess.Popen[bytes]]:
+    """py-spy (raw stacks) of the server and of this process tree (Spark's Python workers)."""
+    if not on:
+        return {}
+    spy = Path(sys.executable).parent / "py-spy"
+    return {
+        name: subprocess.Popen(
+            [
+                str(spy),
+                "record",
+                "--format",
+                "raw",
+                "-r",
+                "250",
+                "-p",
+                str(pid),
+                "-o",
+                str(out / f"profile-{name}.txt"),
+                *(["--subprocesses"] if name == "spark" else []),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for name, pid in pids.items()
+    }
+
+
+def _stop(spies: dict[str, subprocess.Popen[bytes]], out: Path) -> None:
+    from bench.harness.profiles import summarize
+
+    for name, proc in spies.items():
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
+        raw = out / f"profile-{name}.txt"
+        if raw.exists():
+            (out / f"profile-{name}-top.txt").write_text(summarize(raw))
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", type=int, default=1_000_000)
@@ -119,6 +173,7 @@ def main() -> int:
     p.add_argument("--in-flight", type=int, default=4)
     p.add_argument("--batch-size", type=int, default=1000)
     p.add_argument("--out", default=".run/bench-pipeline")
+    p.add_argument("--profile", action="store_true", help="py-spy the pipeline phase")
     a = p.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -139,12 +194,17 @@ def main() -> int:
             target=server.address, batch_size=a.batch_size, in_flight=a.in_flight
         )
         meter = CpuMeter(server.proc.pid, rds.proc.pid)
-        summary, _ = schedule(spark, [str(Path(tmp) / "jobs")], mapping, settings)
+        spies = _profile(a.profile, out, {"server": server.proc.pid, "spark": os.getpid()})
+        summary, _ = schedule(
+            spark, [str(Path(tmp) / "jobs")], mapping, settings, partitions=a.partitions
+        )
+        cpu = meter.since()
+        _stop(spies, out)
         db = redis.Redis.from_url(rds.url)
         results["pipeline"] = {
             **summary.as_dict(),
             "stored": int(db.hget(STATS, "enqueued") or 0),
-            "cpu_s": meter.since(),
+            "cpu_s": cpu,
         }
         spark.stop()
         print(json.dumps(results["pipeline"]), flush=True)

@@ -16,6 +16,7 @@ import matplotlib.pyplot as plt
 __all__ = ["render"]
 
 Rows = list[dict[str, Any]]
+_INSTANTS = frozenset({"bin_ms", "due_hour_ms"})  # epoch ms columns, shown as UTC times
 
 
 def _name(row: dict[str, Any]) -> str:
@@ -106,14 +107,16 @@ def _table(rows: Rows, columns: list[str] | None = None) -> str:
         return "<p><em>none</em></p>"
     cols = columns or list(rows[0])
 
-    def cell(v: Any) -> str:
+    def cell(column: str, v: Any) -> str:
+        if column in _INSTANTS and v is not None:
+            return f"{_when(v):%Y-%m-%d %H:%M:%S}"
         if isinstance(v, float):
-            return f"{v:.4g}"
+            return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
         return html.escape("" if v is None else str(v))
 
     head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
     body = "".join(
-        "<tr>" + "".join(f"<td>{cell(r.get(c))}</td>" for c in cols) + "</tr>" for r in rows
+        "<tr>" + "".join(f"<td>{cell(c, r.get(c))}</td>" for c in cols) + "</tr>" for r in rows
     )
     return f"<table><tr>{head}</tr>{body}</table>"
 
