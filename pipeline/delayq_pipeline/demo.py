@@ -21,7 +21,7 @@ from delayq_pipeline import cli
 
 # Most jobs fall due NEAR_S after generation, spread over SPREAD_S; the worker runs
 # from the start, so lateness shows the server's, not the time scheduling took.
-NEAR_S, SPREAD_S = 45, 30
+NEAR_S, SPREAD_S = 90, 30
 FAR_SHARE = 0.2  # the rest wait up to a day: the report's backlog histogram
 
 
