@@ -15,11 +15,11 @@ import grpc
 import pytest
 
 from delayq._backoff import Backoff
-from delayq.v1 import service_pb2, service_pb2_grpc
+from delayq.v1 import service_pb2
 from delayq_pipeline.sender import ClientSettings, Item, send_partition
 
 
-class Shedding(service_pb2_grpc.DelayQueueServiceServicer):
+class Shedding:
     """Refuses the first call whole, then the first item of the next one, then takes all."""
 
     def __init__(self) -> None:
@@ -54,7 +54,18 @@ class Shedding(service_pb2_grpc.DelayQueueServiceServicer):
 def peer() -> Iterator[tuple[Shedding, str]]:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     servicer = Shedding()
-    service_pb2_grpc.add_DelayQueueServiceServicer_to_server(servicer, server)
+    handler = grpc.unary_unary_rpc_method_handler(
+        servicer.EnqueueBatch,
+        request_deserializer=service_pb2.EnqueueBatchRequest.FromString,
+        response_serializer=service_pb2.EnqueueBatchResponse.SerializeToString,
+    )
+    server.add_generic_rpc_handlers(
+        [
+            grpc.method_handlers_generic_handler(
+                "delayq.v1.DelayQueueService", {"EnqueueBatch": handler}
+            )
+        ]
+    )
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     yield servicer, f"127.0.0.1:{port}"
