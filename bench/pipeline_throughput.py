@@ -55,11 +55,15 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
-def _is_java(pid: int) -> bool:
+def _program(pid: int) -> str:
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].endswith(b"java")
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
     except OSError:
-        return False
+        return ""
+
+
+def _is_java(pid: int) -> bool:
+    return _program(pid).endswith("java")
 
 
 class CpuMeter:
@@ -128,7 +132,7 @@ def python_client(address: str, n: int, start: datetime) -> float:
 
 
 def _profile(on: bool, out: Path, pids: dict[str, int]) -> dict[str, subprocess.Popen[bytes]]:
-    """py-spy (raw stacks) of the server and of this process tree (Spark's Python workers)."""
+    """py-spy (raw stacks) of the server and of Spark's Python workers (the JVM's children)."""
     if not on:
         return {}
     spy = Path(sys.executable).parent / "py-spy"
@@ -169,7 +173,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", type=int, default=1_000_000)
     p.add_argument("--master", default="local[*]")
-    p.add_argument("--partitions", type=int, default=8)
+    p.add_argument("--partitions", type=int, help="repartition first (default: as read)")
     p.add_argument("--in-flight", type=int, default=4)
     p.add_argument("--batch-size", type=int, default=1000)
     p.add_argument("--out", default=".run/bench-pipeline")
@@ -194,7 +198,8 @@ def main() -> int:
             target=server.address, batch_size=a.batch_size, in_flight=a.in_flight
         )
         meter = CpuMeter(server.proc.pid, rds.proc.pid)
-        spies = _profile(a.profile, out, {"server": server.proc.pid, "spark": os.getpid()})
+        jvm = next(p for p in _descendants(os.getpid()) if _is_java(p))
+        spies = _profile(a.profile, out, {"server": server.proc.pid, "spark": jvm})
         summary, _ = schedule(
             spark, [str(Path(tmp) / "jobs")], mapping, settings, partitions=a.partitions
         )
