@@ -7,13 +7,14 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import pyarrow as pa
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from delayq_pipeline.prepare import ITEM_COLUMNS, ColumnMapping, prepare, read_dataset, row_json
-from delayq_pipeline.sender import OUT_FIELDS, ClientSettings, Item, OutRecord, send_partition
+from delayq_pipeline.sender import OUT_FIELDS, ClientSettings, Item, send_partition
 
 __all__ = ["REJECT_SCHEMA", "Summary", "schedule"]
 
@@ -24,6 +25,10 @@ _OUT_SCHEMA = T.StructType(
         for name in OUT_FIELDS
     ]
 )
+
+_ARROW_TYPES = {
+    f.name: pa.int64() if f.dataType == T.LongType() else pa.string() for f in _OUT_SCHEMA
+}
 
 REJECT_SCHEMA = "key string, queue string, stage string, reason string, row string"
 
@@ -48,22 +53,35 @@ class Summary:
         return {**asdict(self), "rows_per_second": round(self.rows_per_second, 1)}
 
 
-def _to_item(row: Sequence[Any]) -> Item:
-    queue, payload, due_ms, delay_ms, key, headers, reject, whole = row
-    # Spark hands binary columns over as bytearray; protobuf wants bytes.
-    return Item(
-        queue, bytes(payload) if payload is not None else b"", due_ms, delay_ms, key,
-        headers, reject, whole,
-    )  # fmt: skip
-
-
 ItemsHook = Callable[[Iterator[Item]], Iterator[Item]]
 
 
+def _items(batches: Iterable[pa.RecordBatch]) -> Iterator[Item]:
+    """Rows of Arrow batches (columns in ITEM_COLUMNS order) as Items."""
+    for batch in batches:
+        queue, payload, due, delay, key, headers, reject, row = (
+            batch.column(i).to_pylist() for i in range(len(ITEM_COLUMNS))
+        )
+        for i in range(batch.num_rows):
+            h = headers[i]
+            yield Item(
+                queue[i], payload[i], due[i], delay[i], key[i],
+                dict(h) if h is not None else None,  # Arrow maps come as (key, value) pairs
+                reject[i], row[i],
+            )  # fmt: skip
+
+
 def _partition_fn(settings: ClientSettings, hook: ItemsHook | None) -> Any:
-    def run(rows: Iterable[Sequence[Any]]) -> Iterator[OutRecord]:
-        items = (_to_item(r) for r in rows)
-        return send_partition(hook(items) if hook else items, settings)
+    def run(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        items = _items(batches)
+        records = list(send_partition(hook(items) if hook else items, settings))
+        yield pa.RecordBatch.from_arrays(
+            [
+                pa.array(column, _ARROW_TYPES[name])
+                for name, column in zip(OUT_FIELDS, zip(*records, strict=True), strict=True)
+            ],
+            names=list(OUT_FIELDS),
+        )
 
     return run
 
@@ -91,9 +109,10 @@ def schedule(
     prepared = prepare(source, mapping).select(*ITEM_COLUMNS)
     if partitions:
         prepared = prepared.repartition(partitions)
+    # Arrow moves the rows to Python column-wise: half the Spark-side cost per row of
+    # pickled Row objects (docs/decisions.md, issue 10).
     out = (
-        prepared.rdd.mapPartitions(_partition_fn(client, items_hook))
-        .toDF(_OUT_SCHEMA)
+        prepared.mapInArrow(_partition_fn(client, items_hook), _OUT_SCHEMA)
         # Sent once: the summary and the rejects both read this, never re-run the sends.
         .persist(StorageLevel.MEMORY_AND_DISK)
     )

@@ -65,3 +65,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(
                 pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
             )
+            # pyspark 3.5 compares the pandas/pyarrow versions with distutils' LooseVersion.
+            item.add_marker(
+                pytest.mark.filterwarnings("ignore:distutils Version classes:DeprecationWarning")
+            )

@@ -70,14 +70,15 @@ def test_bad_rows_land_in_rejects_with_their_reason(
     spark: SparkSession, client: ClientSettings, rdb: redis.Redis, queue: str, tmp_path: Path
 ) -> None:
     path = tmp_path / "jobs.csv"
+    tomorrow = (datetime.now(UTC) + timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
     with path.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["key", "queue", "body", "due"])
-        w.writerow(["ok", queue, "fine", "2099-01-01T00:00:00Z"])
+        w.writerow(["ok", queue, "fine", tomorrow])
         w.writerow(["nodue", queue, "x", ""])
         w.writerow(["garbled", queue, "x", "next tuesday"])
-        w.writerow(["huge", queue, "y" * 2000, "2099-01-01T00:00:00Z"])
-        w.writerow(["badqueue", "no spaces allowed", "x", "2099-01-01T00:00:00Z"])
+        w.writerow(["huge", queue, "y" * 2000, tomorrow])
+        w.writerow(["badqueue", "no spaces allowed", "x", tomorrow])
     mapping = ColumnMapping(
         queue_col="queue", payload_col="body", due_col="due", key_col="key", max_payload_bytes=1000
     )
