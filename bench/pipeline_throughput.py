@@ -95,6 +95,17 @@ class CpuMeter:
         return {k: round(now[k] - self.start[k], 1) for k in now}
 
 
+def _load() -> float:
+    """1-minute load average: the machine is shared, so every figure carries it."""
+    return round(os.getloadavg()[0], 1)
+
+
+def _bound(rows: int, cpu: dict[str, float]) -> float:
+    """Rows/s if every process had the machine's cores to itself (CPU-bound estimate)."""
+    total = sum(cpu.values())
+    return round(rows / (total / (os.cpu_count() or 1)), 1) if total else 0.0
+
+
 def rows(n: int, start: datetime) -> Iterator[tuple[str, str, int]]:
     """The same rows the Spark job reads: key, 100-byte payload, due ms."""
     base = int(start.timestamp() * 1000)
@@ -198,6 +209,7 @@ def main() -> int:
             target=server.address, batch_size=a.batch_size, in_flight=a.in_flight
         )
         meter = CpuMeter(server.proc.pid, rds.proc.pid)
+        load = _load()
         jvm = next(p for p in _descendants(os.getpid()) if _is_java(p))
         spies = _profile(a.profile, out, {"server": server.proc.pid, "spark": jvm})
         summary, _ = schedule(
@@ -210,6 +222,8 @@ def main() -> int:
             **summary.as_dict(),
             "stored": int(db.hget(STATS, "enqueued") or 0),
             "cpu_s": cpu,
+            "cpu_bound_rows_per_second": _bound(a.rows, cpu),
+            "load_before_after": [load, _load()],
         }
         spark.stop()
         print(json.dumps(results["pipeline"]), flush=True)
@@ -218,12 +232,16 @@ def main() -> int:
         while db.dbsize():
             time.sleep(0.2)
         meter = CpuMeter(server.proc.pid, rds.proc.pid)
+        load = _load()
         seconds = python_client(server.address, a.rows, start)
+        cpu = meter.since()
         results["python_client"] = {
             "seconds": round(seconds, 2),
             "rows_per_second": round(a.rows / seconds, 1),
             "stored": int(db.hget(STATS, "enqueued") or 0),
-            "cpu_s": meter.since(),
+            "cpu_s": cpu,
+            "cpu_bound_rows_per_second": _bound(a.rows, cpu),
+            "load_before_after": [load, _load()],
         }
         db.close()
     text = json.dumps(results, indent=2)
