@@ -10,4 +10,4 @@
 local state, nonce, rec = remove_job(ARGV[1], KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6],
   KEYS[7], tonumber(ARGV[2]), ARGV[3])
 if state > 0 then emit(ARGV[1], 'deleted', ARGV[3], now_ms(''), rec, '') end
-return {state, nonce}
+return {state, nonce}, state ~= 0
