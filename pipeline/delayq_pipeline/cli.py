@@ -33,7 +33,11 @@ def _spark_args(p: argparse.ArgumentParser) -> None:
 
 
 def _client_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", default=os.environ.get("DELAYQ_TARGET", "127.0.0.1:50051"))
+    p.add_argument(
+        "--target",
+        default=os.environ.get("DELAYQ_TARGET", "127.0.0.1:50051"),
+        help="server host:port; several, comma-separated, spread the partitions over them",
+    )
     p.add_argument("--namespace", default="default")
     p.add_argument(
         "--token",

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import pyarrow as pa
-from pyspark import StorageLevel
+from pyspark import StorageLevel, TaskContext
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -74,7 +74,9 @@ def _items(batches: Iterable[pa.RecordBatch]) -> Iterator[Item]:
 def _partition_fn(settings: ClientSettings, hook: ItemsHook | None) -> Any:
     def run(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         items = _items(batches)
-        records = list(send_partition(hook(items) if hook else items, settings))
+        context = TaskContext.get()
+        partition = context.partitionId() if context is not None else 0
+        records = list(send_partition(hook(items) if hook else items, settings, partition))
         yield pa.RecordBatch.from_arrays(
             [
                 pa.array(column, _ARROW_TYPES[name])

@@ -29,7 +29,7 @@ _CODE_NAMES = {c.value[0]: c.name for c in grpc.StatusCode}
 class ClientSettings:
     """How executors reach delayq; pickled into every task, so plain data only."""
 
-    target: str = "127.0.0.1:50051"
+    target: str = "127.0.0.1:50051"  # several, comma-separated: partitions spread over them
     namespace: str = "default"
     token: str | None = None  # sent as `authorization: Bearer <token>`
     tls: bool = False
@@ -48,15 +48,19 @@ class ClientSettings:
         if self.in_flight < 1:
             raise ValueError("in_flight must be at least 1")
 
-    def channel(self) -> grpc.Channel:
+    def channel(self, partition: int = 0) -> grpc.Channel:
+        """A channel to one of the targets: partition i uses target i mod n, so the
+        load of a big job spreads over stateless server replicas."""
+        targets = [t.strip() for t in self.target.split(",") if t.strip()]
+        target = targets[partition % len(targets)]
         opts: list[tuple[str, Any]] = []
         if self.server_name:
             opts.append(("grpc.ssl_target_name_override", self.server_name))
         options = channel_options(opts)
         if self.tls or self.ca_pem is not None:
             creds = grpc.ssl_channel_credentials(root_certificates=self.ca_pem)
-            return grpc.secure_channel(self.target, creds, options=options)
-        return grpc.insecure_channel(self.target, options=options)
+            return grpc.secure_channel(target, creds, options=options)
+        return grpc.insecure_channel(target, options=options)
 
     def metadata(self) -> tuple[tuple[str, str], ...]:
         return (("authorization", f"Bearer {self.token}"),) if self.token else ()
@@ -217,7 +221,9 @@ class _Sender:
         return retry
 
 
-def send_partition(items: Iterable[Item], s: ClientSettings) -> Iterator[OutRecord]:
+def send_partition(
+    items: Iterable[Item], s: ClientSettings, partition: int = 0
+) -> Iterator[OutRecord]:
     """Sends one partition's rows; yields its rejects, then one stats record.
 
     At most `s.in_flight` EnqueueBatch calls are outstanding on the partition's
@@ -225,7 +231,7 @@ def send_partition(items: Iterable[Item], s: ClientSettings) -> Iterator[OutReco
     the server (each call holds up to `batch_size` jobs).
     """
     tally = _Tally()
-    with s.channel() as channel:
+    with s.channel(partition) as channel:
         sender = _Sender(s, channel, tally)
         pending: deque[tuple[list[tuple[Item, service_pb2.EnqueueRequest]], Any]] = deque()
         for batch in _batches(items, s, tally):

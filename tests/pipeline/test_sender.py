@@ -52,6 +52,15 @@ class Shedding:
 
 @pytest.fixture
 def peer() -> Iterator[tuple[Shedding, str]]:
+    yield from serve()
+
+
+@pytest.fixture
+def other_peer() -> Iterator[tuple[Shedding, str]]:
+    yield from serve()
+
+
+def serve() -> Iterator[tuple[Shedding, str]]:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     servicer = Shedding()
     handler = grpc.unary_unary_rpc_method_handler(
@@ -101,3 +110,16 @@ def test_a_refusal_that_retrying_cannot_fix_fails_the_task(peer: tuple[Shedding,
     settings = ClientSettings(target=target, retry_deadline=0.0)
     with pytest.raises(RuntimeError, match="still refused"):
         list(send_partition([item("k0")], settings))
+
+
+def test_partitions_spread_over_several_targets(
+    peer: tuple[Shedding, str], other_peer: tuple[Shedding, str]
+) -> None:
+    (first, a), (second, b) = peer, other_peer
+    for shedding in (first, second):  # both peers past their scripted refusals
+        shedding.calls += [[], []]
+    settings = ClientSettings(target=f"{a}, {b}")
+    for partition in range(4):
+        list(send_partition([item(f"p{partition}")], settings, partition))
+    assert first.calls[2:] == [["p0"], ["p2"]]
+    assert second.calls[2:] == [["p1"], ["p3"]]
