@@ -8,6 +8,7 @@ them. CPU seconds per process group (from /proc) say where the time went.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -67,28 +68,27 @@ def _is_java(pid: int) -> bool:
 
 
 class CpuMeter:
-    """CPU seconds of the server, Redis, the Spark JVM, its Python workers and this process.
+    """CPU seconds of the servers, Redis, the Spark JVM, its Python workers and this process.
 
     Sampled while Spark still runs: its Python workers are reused, so they are alive.
     """
 
-    def __init__(self, server: int, redis_pid: int) -> None:
-        self.groups = {"server": server, "redis": redis_pid}
+    def __init__(self, servers: list[int], redis_pid: int) -> None:
+        self.servers, self.redis_pid = servers, redis_pid
         self.start = self.sample()
 
     def sample(self) -> dict[str, float]:
         me = os.getpid()
-        skip = set(self.groups.values())
-        mine = [
-            p
-            for p in _descendants(me)
-            if p not in skip and p not in _descendants(self.groups["server"])
-        ]
-        out = {name: _ticks(pid) for name, pid in self.groups.items()}
-        out["spark_jvm"] = sum(_ticks(p) for p in mine if _is_java(p))
-        out["spark_python_workers"] = sum(_ticks(p) for p in mine if not _is_java(p))
-        out["bench_process"] = _ticks(me)
-        return out
+        skip = {*self.servers, self.redis_pid}
+        # Spark's JVM and its Python workers; not the servers, Redis or py-spy.
+        mine = [p for p in _descendants(me) if p not in skip and not _program(p).endswith("py-spy")]
+        return {
+            "server": sum(_ticks(p) for p in self.servers),
+            "redis": _ticks(self.redis_pid),
+            "spark_jvm": sum(_ticks(p) for p in mine if _is_java(p)),
+            "spark_python_workers": sum(_ticks(p) for p in mine if not _is_java(p)),
+            "bench_process": _ticks(me),
+        }
 
     def since(self) -> dict[str, float]:
         now = self.sample()
@@ -189,16 +189,27 @@ def main() -> int:
     p.add_argument("--batch-size", type=int, default=1000)
     p.add_argument("--out", default=".run/bench-pipeline")
     p.add_argument("--profile", action="store_true", help="py-spy the pipeline phase")
+    p.add_argument("--servers", type=int, default=1, help="server replicas (one Redis)")
     a = p.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     start = datetime.now(UTC) + timedelta(minutes=10)
-    results: dict[str, object] = {"rows": a.rows, "master": a.master, "cpus": os.cpu_count()}
+    results: dict[str, object] = {
+        "rows": a.rows,
+        "master": a.master,
+        "servers": a.servers,
+        "cpus": os.cpu_count(),
+    }
     with (
         tempfile.TemporaryDirectory(prefix="delayq-bench-") as tmp,
         ManagedRedis(Path(tmp) / "redis", appendonly=False) as rds,
-        DelayqProcess(rds.url) as server,
+        contextlib.ExitStack() as stack,
     ):
+        # Several stateless replicas on one Redis: the pipeline spreads its partitions
+        # over all of them; the Python client (one process) uses the first.
+        servers = [stack.enter_context(DelayqProcess(rds.url)) for _ in range(a.servers)]
+        server = servers[0]
+        pids = [s.proc.pid for s in servers if s.proc is not None]
         assert server.proc is not None and rds.proc is not None
         spark = spark_session(SparkSettings(master=a.master, driver_memory="1g"))
         t0 = time.monotonic()
@@ -206,9 +217,11 @@ def main() -> int:
         results["generate_s"] = round(time.monotonic() - t0, 1)
         mapping = ColumnMapping(queue=QUEUE, payload_col="payload", due_col="due", key_col="key")
         settings = ClientSettings(
-            target=server.address, batch_size=a.batch_size, in_flight=a.in_flight
+            target=",".join(s.address for s in servers),
+            batch_size=a.batch_size,
+            in_flight=a.in_flight,
         )
-        meter = CpuMeter(server.proc.pid, rds.proc.pid)
+        meter = CpuMeter(pids, rds.proc.pid)
         load = _load()
         jvm = next(p for p in _descendants(os.getpid()) if _is_java(p))
         spies = _profile(a.profile, out, {"server": server.proc.pid, "spark": jvm})
@@ -231,7 +244,7 @@ def main() -> int:
         db.flushall(asynchronous=True)
         while db.dbsize():
             time.sleep(0.2)
-        meter = CpuMeter(server.proc.pid, rds.proc.pid)
+        meter = CpuMeter(pids, rds.proc.pid)
         load = _load()
         seconds = python_client(server.address, a.rows, start)
         cpu = meter.since()
