@@ -86,6 +86,11 @@ class ShardKeys:
         """STRING: server id of the replica running this shard's timers (PX lease)."""
         return self.prefix + "owner"
 
+    @property
+    def events(self) -> str:
+        """STREAM: lifecycle events of the shard, MAXLEN-bounded (store/lifecycle.py)."""
+        return self.prefix + "ev"
+
     def record(self, job_id: str) -> str:
         """STRING: the packed job record (see records.py)."""
         return f"{self.prefix}j:{job_id}"

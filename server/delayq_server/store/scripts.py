@@ -25,6 +25,12 @@ NAMES = (
     "release",
 )
 
+# Scripts that record lifecycle events: their last argument is the events
+# stream's MAXLEN, 0 = off (lua/includes/events.lua). Store._run appends it.
+RECORDS_EVENTS = frozenset(
+    {"ack", "claim", "dead", "delete", "enqueue", "expire", "nack", "reap", "release"}
+)
+
 # How long a script's reply is kept for a re-sent call (includes/replay.lua).
 # It must outlast the Redis client's retry schedule (redis_client.py: at most
 # RETRIES x (backoff cap + connect timeout) in redis_client.py, about 9 s), with margin;
