@@ -36,6 +36,9 @@ PROMOTE_LIMIT = 500
 REAP_LIMIT = 200
 CLAIM_LIMIT = 500
 EXPIRE_LIMIT = 200
+# Jobs per enqueue script call: 500 took 7-20 ms of Redis time, 100 stays
+# around 2 ms (issue 11), at a few % of batched enqueue throughput.
+ENQUEUE_CHUNK = 100
 SCRIPTS_IN_FLIGHT = 48  # below the 64 connections per Redis node (redis_client.py)
 
 
@@ -273,9 +276,25 @@ class Store:
     async def enqueue(
         self, keys: ShardKeys, jobs: Sequence[JobSpec], now_ms: int | None = None
     ) -> tuple[list[EnqueueResult], int]:
-        """Stores jobs of one shard; duplicates of an idempotency key store nothing."""
+        """Stores jobs of one shard; duplicates of an idempotency key store nothing.
+
+        At most ENQUEUE_CHUNK jobs per script call, one call after another, so
+        a 1,000-job batch never blocks Redis for long (DESIGN: bounded scripts).
+        """
         if not 0 < len(jobs) <= MAX_BATCH:
             raise ValueError(f"enqueue takes 1 to {MAX_BATCH} jobs per call")
+        results: list[EnqueueResult] = []
+        now = 0
+        for start in range(0, len(jobs), ENQUEUE_CHUNK):
+            chunk, now = await self._enqueue_chunk(
+                keys, jobs[start : start + ENQUEUE_CHUNK], now_ms
+            )
+            results += chunk
+        return results, now
+
+    async def _enqueue_chunk(
+        self, keys: ShardKeys, jobs: Sequence[JobSpec], now_ms: int | None
+    ) -> tuple[list[EnqueueResult], int]:
         packed = msgpack.packb(
             [
                 [
