@@ -36,6 +36,7 @@ async def serve(cfg: config.Config, redis_url: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
     cfg = config.load(argv)
     logging.basicConfig(
         level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -50,6 +51,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                 config.fail(str(exc).splitlines()[0])
             url = managed.url
             log.info("started managed redis-server at %s (data in %s)", url, cfg.data_dir)
+        if cfg.workers > 1:
+            from delayq_server.workers import Supervisor
+
+            sys.exit(Supervisor(cfg, argv, url).run())
         import uvloop
 
         uvloop.run(serve(cfg, url))

@@ -50,7 +50,7 @@ class StartupError(Exception):
     """The server cannot start; the message is the one line printed to the operator."""
 
 
-def _check_bind(listen: str) -> None:
+def check_bind(listen: str) -> None:
     """Refuses an address another process listens on, with one clear line
     (gRPC's own bind failure also logs a core error line first)."""
     host, _, port = listen.rpartition(":")
@@ -120,8 +120,12 @@ class App:
         )
         self.health = health_aio.HealthServicer()
         self.telemetry = telemetry.setup(cfg.otel)
+        options = SERVER_OPTIONS
+        if cfg.reuse_port:  # one of --workers N processes sharing the port
+            options = [o for o in SERVER_OPTIONS if o[0] != "grpc.so_reuseport"]
+            options.append(("grpc.so_reuseport", 1))
         self.server = grpc.aio.server(
-            options=SERVER_OPTIONS,
+            options=options,
             # The decode guard comes first so later interceptors see decoded requests.
             interceptors=[DecodeGuard(), *self.telemetry.interceptors()],
         )
@@ -149,7 +153,8 @@ class App:
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
         )
-        _check_bind(self.cfg.listen)
+        if not self.cfg.reuse_port:  # a worker: its supervisor checked the port
+            check_bind(self.cfg.listen)
         try:
             self.port = self.server.add_insecure_port(self.cfg.listen)
         except RuntimeError:

@@ -38,6 +38,8 @@ class Config:
     otel: bool = False  # export traces/metrics over OTLP (OTEL_EXPORTER_OTLP_* env)
     record_events: bool = False  # lifecycle events to per-shard streams (store/lifecycle.py)
     events_maxlen: int = 1_000_000  # per shard stream, approximate (MAXLEN ~)
+    workers: int = 1  # server processes sharing the port (workers.py)
+    reuse_port: bool = False  # set by the supervisor for its workers only
 
 
 # flag name -> (env var, parser, help)
@@ -65,6 +67,7 @@ _FLAGS: dict[str, tuple[str, type | None, str]] = {
     "wake_fallback_ms": ("DELAYQ_WAKE_FALLBACK", None, "longest idle wait without a wake-up"),
     "log_level": ("DELAYQ_LOG_LEVEL", str, "logging level"),
     "events_maxlen": ("DELAYQ_EVENTS_MAXLEN", int, "entries kept per shard's events stream"),
+    "workers": ("DELAYQ_WORKERS", int, "server processes sharing the port (1 to 64)"),
 }
 
 
@@ -116,6 +119,7 @@ _RANGES: dict[str, tuple[float, float, str]] = {
     "grace_ms": (0, 3_600_000, "0 to 1h"),
     "wake_fallback_ms": (100, _DAY_MS, "100ms to 1d"),
     "events_maxlen": (1, 1_000_000_000, "1 to 1000000000"),
+    "workers": (1, 64, "1 to 64"),
 }
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -188,6 +192,8 @@ def load(argv: Sequence[str] | None = None, env: dict[str, str] | None = None) -
         values["otel"] = True
     if ns.record_events or env.get("DELAYQ_RECORD_EVENTS", "") in ("1", "true"):
         values["record_events"] = True
+    if env.get("DELAYQ_REUSE_PORT", "") == "1":  # workers.REUSE_PORT_ENV, set for workers
+        values["reuse_port"] = True
     cfg = Config(**values)  # type: ignore[arg-type]
     try:
         check(cfg)
