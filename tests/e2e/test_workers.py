@@ -29,7 +29,7 @@ def _server_id(address: str, queue: str) -> str:
         call = stub.Consume(service_pb2.ConsumeRequest(queues=[queue], max_outstanding=1))
         d = next(iter(call)).deliveries[0]
         stub.Ack(service_pb2.AckRequest(lease_tokens=[d.lease_token]), timeout=10)
-        call.cancel()  # type: ignore[attr-defined]
+        call.cancel()  # type: ignore[no-untyped-call]
     return d.lease_token.rsplit("/", 1)[1].split(".")[0]
 
 
