@@ -129,8 +129,10 @@ async def test_one_ready_job_wakes_one_of_200_idle_streams(own_redis: ManagedRed
     print(f"5 jobs to 200 idle streams: {calls} script calls")
     assert not streams.errors, streams.errors[:3]
     # Per job: the enqueue, a claim (two if a stream raced), an ack; plus the
-    # replica's ownership renewals. Waking every stream would be 200+ per job.
-    assert calls < 5 * 10, calls
+    # replica's background calls (ownership renewals, heartbeats, one a second
+    # each, more of them on a slow machine). Waking every stream would cost 200+
+    # claims per job, over 1,000 for the five.
+    assert calls < 200, calls
 
 
 async def test_2000_streams_share_a_burst_fairly(own_redis: ManagedRedis) -> None:
