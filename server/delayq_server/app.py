@@ -16,17 +16,24 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from delayq.v1 import service_pb2, service_pb2_grpc
+from delayq.v1 import admin_pb2, admin_pb2_grpc, service_pb2, service_pb2_grpc
 from delayq_server import events, telemetry
+from delayq_server.admin_service import AdminService
+from delayq_server.auth import bootstrap
+from delayq_server.auth.certs import CertRoles
+from delayq_server.auth.interceptor import AuthInterceptor
+from delayq_server.auth.tokens import TokenAuthenticator
 from delayq_server.config import Config
 from delayq_server.dispatcher import Dispatcher
 from delayq_server.service import DelayQueueService
 from delayq_server.store import Store
+from delayq_server.store.tokens import TokenStore
 from delayq_server.timers.manager import Timers
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = service_pb2.DESCRIPTOR.services_by_name["DelayQueueService"].full_name
+ADMIN_SERVICE_NAME = admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name
 
 # Long-lived worker streams sit behind NATs and load balancers: let clients ping.
 SERVER_OPTIONS = [
@@ -91,9 +98,14 @@ class App:
         )
         self.health = health_aio.HealthServicer()
         self.telemetry = telemetry.setup(cfg.otel)
-        self.server = grpc.aio.server(
-            options=SERVER_OPTIONS, interceptors=self.telemetry.interceptors()
-        )
+        self.token_store = TokenStore(self.redis)
+        self.authenticator: TokenAuthenticator | None = None
+        interceptors = list(self.telemetry.interceptors())
+        if cfg.auth:
+            self.authenticator = TokenAuthenticator(self.token_store)
+            certs = CertRoles.load(cfg.tls_client_roles) if cfg.tls_client_roles else None
+            interceptors.append(AuthInterceptor(self.authenticator, certs))
+        self.server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
         self.port = 0
 
     def _resync(self) -> None:
@@ -103,6 +115,14 @@ class App:
     async def start(self) -> int:
         """Checks Redis, starts loops, binds and serves; returns the bound port."""
         await self.redis.ping()
+        if self.cfg.auth:
+            await bootstrap.ensure_admin(self.token_store, self.cfg.auth_bootstrap_token_file)
+        else:
+            log.warning(
+                "auth is OFF: any client that reaches %s may use every namespace "
+                "(start with --auth or DELAYQ_AUTH=1 outside local development)",
+                self.cfg.listen,
+            )
         self.listener.start()
         await asyncio.wait_for(self.listener.ready.wait(), 10)
         await self.timers.start()
@@ -110,17 +130,40 @@ class App:
             self.cfg, self.store, self.dispatcher, self.timers, self.telemetry
         )
         service_pb2_grpc.add_DelayQueueServiceServicer_to_server(service, self.server)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        reflection.enable_server_reflection(
-            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
+        admin_pb2_grpc.add_AdminServiceServicer_to_server(
+            AdminService(self.token_store, self.authenticator), self.server
         )
-        self.port = self.server.add_insecure_port(self.cfg.listen)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        if self.cfg.reflection:
+            reflection.enable_server_reflection(
+                (SERVICE_NAME, ADMIN_SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME),
+                self.server,
+            )
+        self.port = self._bind()
         if self.port == 0:
             raise RuntimeError(f"cannot listen on {self.cfg.listen}")
         await self.server.start()
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
         return self.port
+
+    def _bind(self) -> int:
+        """Plaintext, TLS, or mutual TLS (client certificate required) on one port."""
+        cfg = self.cfg
+        if cfg.tls_cert is None or cfg.tls_key is None:
+            return self.server.add_insecure_port(cfg.listen)
+        with open(cfg.tls_key, "rb") as f:
+            key = f.read()
+        with open(cfg.tls_cert, "rb") as f:
+            chain = f.read()
+        client_ca = None
+        if cfg.tls_client_ca:
+            with open(cfg.tls_client_ca, "rb") as f:
+                client_ca = f.read()
+        creds = grpc.ssl_server_credentials(
+            [(key, chain)], root_certificates=client_ca, require_client_auth=client_ca is not None
+        )
+        return self.server.add_secure_port(cfg.listen, creds)
 
     async def stop(self, grace_s: float | None = None) -> None:
         """Graceful: refuse new work, end streams (releasing their leases), drain, close."""

@@ -29,6 +29,13 @@ class Config:
     grace_ms: int = 10_000
     log_level: str = "INFO"
     otel: bool = False  # export traces/metrics over OTLP (OTEL_EXPORTER_OTLP_* env)
+    auth: bool = False  # bearer tokens / client certificates required (README "Auth")
+    auth_bootstrap_token_file: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None  # set: clients must present a certificate (mTLS)
+    tls_client_roles: str | None = None  # JSON: certificate identity -> namespace + roles
+    reflection: bool = True
 
 
 # flag name -> (env var, parser, help)
@@ -49,7 +56,28 @@ _FLAGS: dict[str, tuple[str, type | None, str]] = {
     "bucket_width_ms": ("DELAYQ_BUCKET_WIDTH", None, "backlog time-bucket width"),
     "grace_ms": ("DELAYQ_GRACE", None, "shutdown grace period"),
     "log_level": ("DELAYQ_LOG_LEVEL", str, "logging level"),
+    "auth_bootstrap_token_file": (
+        "DELAYQ_AUTH_BOOTSTRAP_TOKEN_FILE",
+        str,
+        "with --auth: admin token file, made at first start when missing",
+    ),
+    "tls_cert": ("DELAYQ_TLS_CERT", str, "PEM server certificate chain: serve TLS"),
+    "tls_key": ("DELAYQ_TLS_KEY", str, "PEM private key of --tls-cert"),
+    "tls_client_ca": ("DELAYQ_TLS_CLIENT_CA", str, "PEM CA bundle: require client certs (mTLS)"),
+    "tls_client_roles": (
+        "DELAYQ_TLS_CLIENT_ROLES",
+        str,
+        "JSON file: client certificate CN/SAN -> {namespace, roles}",
+    ),
 }
+
+# flag name -> (env var, help); "--x" sets True, "--no-x" False
+_BOOLS: dict[str, tuple[str, str]] = {
+    "otel": ("DELAYQ_OTEL", "export OTLP telemetry"),
+    "auth": ("DELAYQ_AUTH", "require a token (or mapped client certificate) on every RPC"),
+    "reflection": ("DELAYQ_REFLECTION", "serve gRPC reflection (default on)"),
+}
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
 def _convert(kind: type | None, value: str) -> object:
@@ -65,7 +93,13 @@ def load(argv: Sequence[str] | None = None, env: dict[str, str] | None = None) -
     for name, (var, _kind, text) in _FLAGS.items():
         flag = "--" + name.removesuffix("_ms").replace("_", "-")
         parser.add_argument(flag, dest=name, default=None, help=f"{text} (env {var})")
-    parser.add_argument("--otel", action="store_true", default=None, help="export OTLP telemetry")
+    for name, (var, text) in _BOOLS.items():
+        parser.add_argument(
+            "--" + name,
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help=f"{text} (env {var})",
+        )
     ns = parser.parse_args(argv)
     values: dict[str, object] = {}
     for name, (var, kind, _text) in _FLAGS.items():
@@ -77,9 +111,24 @@ def load(argv: Sequence[str] | None = None, env: dict[str, str] | None = None) -
                 values[name] = _convert(kind, raw)
             except ValueError as exc:
                 parser.error(f"{name}: {exc}")
-    if ns.otel or env.get("DELAYQ_OTEL", "") in ("1", "true"):
-        values["otel"] = True
+    for name, (var, _text) in _BOOLS.items():
+        flag = getattr(ns, name)
+        text = env.get(var, "").lower()
+        if flag is not None:
+            values[name] = flag
+        elif text in _TRUE:
+            values[name] = True
+        elif text in _FALSE:
+            values[name] = False
+        elif text:
+            parser.error(f"{var}: want 1/true/on or 0/false/off, got {text!r}")
     cfg = Config(**values)  # type: ignore[arg-type]
     if cfg.shards_per_queue < 1 or cfg.shards_per_queue > 1024:
         parser.error("shards_per_queue: must be 1 to 1024")
+    if (cfg.tls_cert is None) != (cfg.tls_key is None):
+        parser.error("tls: give --tls-cert and --tls-key together")
+    if cfg.tls_client_ca and not cfg.tls_cert:
+        parser.error("tls: --tls-client-ca (mTLS) needs --tls-cert and --tls-key")
+    if cfg.tls_client_roles and not cfg.tls_client_ca:
+        parser.error("tls: --tls-client-roles needs --tls-client-ca (client certificates)")
     return cfg

@@ -7,6 +7,7 @@ deterministically.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -264,11 +265,19 @@ class Store:
         nonce_prefix: str,
         now_ms: int | None = None,
     ) -> list[Claimed]:
-        """Leases up to ``count`` ready jobs, each with a fresh nonce."""
+        """Leases up to ``count`` ready jobs, each with a fresh nonce ending in 64 random bits."""
+        count = min(count, CLAIM_LIMIT)
         out = await self._run(
             "claim",
             [keys.ready, keys.leased, keys.stats, keys.expiring, keys.dead],
-            [keys.prefix, _now_arg(now_ms), min(count, CLAIM_LIMIT), lease_ms, nonce_prefix],
+            [
+                keys.prefix,
+                _now_arg(now_ms),
+                count,
+                lease_ms,
+                nonce_prefix,
+                os.urandom(8 * count).hex(),
+            ],
         )
         now = int(out[0])
         claimed = []
