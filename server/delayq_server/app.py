@@ -25,8 +25,10 @@ from delayq_server.auth.interceptor import AuthInterceptor
 from delayq_server.auth.tokens import TokenAuthenticator
 from delayq_server.config import Config
 from delayq_server.dispatcher import Dispatcher
+from delayq_server.quotas import Limits, Quotas
 from delayq_server.service import DelayQueueService
 from delayq_server.store import Store
+from delayq_server.store.quotas import QuotaStore
 from delayq_server.store.tokens import TokenStore
 from delayq_server.timers.manager import Timers
 
@@ -35,16 +37,24 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = service_pb2.DESCRIPTOR.services_by_name["DelayQueueService"].full_name
 ADMIN_SERVICE_NAME = admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name
 
-# Long-lived worker streams sit behind NATs and load balancers: let clients ping.
-SERVER_OPTIONS = [
-    ("grpc.keepalive_time_ms", 60_000),
-    ("grpc.keepalive_timeout_ms", 20_000),
-    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-    ("grpc.max_send_message_length", 64 * 1024 * 1024),
-]
+
+def server_options(cfg: Config) -> list[tuple[str, int]]:
+    """Keepalive and size limits of the gRPC server (README "Limits")."""
+    return [
+        # Long-lived worker streams sit behind NATs and load balancers: the
+        # server pings idle connections every 60 s so they are not cut, and
+        # lets clients ping too ...
+        ("grpc.keepalive_time_ms", 60_000),
+        ("grpc.keepalive_timeout_ms", 20_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        # ... but no more often than every 10 s: after 2 faster pings the
+        # connection is closed with GOAWAY (too_many_pings).
+        ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+        ("grpc.http2.max_ping_strikes", 2),
+        ("grpc.max_receive_message_length", cfg.max_message_bytes),
+        ("grpc.max_send_message_length", cfg.max_message_bytes),
+    ]
 
 
 REDIS_POOL_SIZE = 64
@@ -105,7 +115,22 @@ class App:
             self.authenticator = TokenAuthenticator(self.token_store)
             certs = CertRoles.load(cfg.tls_client_roles) if cfg.tls_client_roles else None
             interceptors.append(AuthInterceptor(self.authenticator, certs))
-        self.server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
+        self.server = grpc.aio.server(
+            options=server_options(cfg),
+            interceptors=interceptors,
+            maximum_concurrent_rpcs=cfg.max_concurrent_rpcs or None,
+        )
+        self.quotas = Quotas(
+            QuotaStore(self.redis),
+            Limits(
+                enqueue_rate=cfg.quota_enqueue_rate,
+                enqueue_burst=cfg.quota_enqueue_burst,
+                max_jobs=cfg.quota_jobs,
+                max_queues=cfg.quota_queues,
+                max_streams=cfg.quota_streams,
+            ),
+            self.server_id,
+        )
         self.port = 0
 
     def _resync(self) -> None:
@@ -127,7 +152,7 @@ class App:
         await asyncio.wait_for(self.listener.ready.wait(), 10)
         await self.timers.start()
         service = DelayQueueService(
-            self.cfg, self.store, self.dispatcher, self.timers, self.telemetry
+            self.cfg, self.store, self.dispatcher, self.timers, self.telemetry, self.quotas
         )
         service_pb2_grpc.add_DelayQueueServiceServicer_to_server(service, self.server)
         admin_pb2_grpc.add_AdminServiceServicer_to_server(

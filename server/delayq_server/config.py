@@ -36,6 +36,15 @@ class Config:
     tls_client_ca: str | None = None  # set: clients must present a certificate (mTLS)
     tls_client_roles: str | None = None  # JSON: certificate identity -> namespace + roles
     reflection: bool = True
+    # Per-namespace quotas (README "Quotas"); 0 turns one off.
+    quota_enqueue_rate: float = 100_000.0  # jobs/s
+    quota_enqueue_burst: int = 200_000
+    quota_jobs: int = 10_000_000  # stored jobs
+    quota_queues: int = 1_000
+    quota_streams: int = 1_000  # concurrent Consume streams over all replicas
+    # Server-wide limits.
+    max_concurrent_rpcs: int = 10_000  # streams included; more get RESOURCE_EXHAUSTED
+    max_message_bytes: int = 16 * 1024 * 1024  # largest request or response message
 
 
 # flag name -> (env var, parser, help)
@@ -69,6 +78,25 @@ _FLAGS: dict[str, tuple[str, type | None, str]] = {
         str,
         "JSON file: client certificate CN/SAN -> {namespace, roles}",
     ),
+    "quota_enqueue_rate": (
+        "DELAYQ_QUOTA_ENQUEUE_RATE",
+        float,
+        "jobs/s one namespace may enqueue (0: no limit)",
+    ),
+    "quota_enqueue_burst": ("DELAYQ_QUOTA_ENQUEUE_BURST", int, "enqueue token bucket size"),
+    "quota_jobs": ("DELAYQ_QUOTA_JOBS", int, "jobs one namespace may store (0: no limit)"),
+    "quota_queues": ("DELAYQ_QUOTA_QUEUES", int, "queues per namespace (0: no limit)"),
+    "quota_streams": (
+        "DELAYQ_QUOTA_STREAMS",
+        int,
+        "concurrent Consume streams per namespace (0: no limit)",
+    ),
+    "max_concurrent_rpcs": (
+        "DELAYQ_MAX_CONCURRENT_RPCS",
+        int,
+        "RPCs (streams included) one replica serves at once",
+    ),
+    "max_message_bytes": ("DELAYQ_MAX_MESSAGE_BYTES", int, "largest gRPC message"),
 }
 
 # flag name -> (env var, help); "--x" sets True, "--no-x" False
@@ -125,6 +153,12 @@ def load(argv: Sequence[str] | None = None, env: dict[str, str] | None = None) -
     cfg = Config(**values)  # type: ignore[arg-type]
     if cfg.shards_per_queue < 1 or cfg.shards_per_queue > 1024:
         parser.error("shards_per_queue: must be 1 to 1024")
+    for name in ("quota_enqueue_rate", "quota_enqueue_burst", "quota_jobs", "quota_queues",
+                 "quota_streams", "max_concurrent_rpcs"):  # fmt: skip
+        if getattr(cfg, name) < 0:
+            parser.error(f"{name}: must be 0 (no limit) or more")
+    if cfg.max_message_bytes < 1024 * 1024:
+        parser.error("max_message_bytes: must be at least 1 MiB (one job of the payload limit)")
     if (cfg.tls_cert is None) != (cfg.tls_key is None):
         parser.error("tls: give --tls-cert and --tls-key together")
     if cfg.tls_client_ca and not cfg.tls_cert:

@@ -74,6 +74,9 @@ def to_status(exc: BaseException) -> tuple[grpc.StatusCode, str]:
 
 async def abort(context: grpc.aio.ServicerContext[Any, Any], exc: BaseException) -> NoReturn:
     code, message = to_status(exc)
+    retry_after_ms = getattr(exc, "retry_after_ms", None)
+    if retry_after_ms is not None:  # quotas: when to retry, for programs
+        context.set_trailing_metadata((("retry-after-ms", str(retry_after_ms)),))
     await context.abort(code, message)
     raise AssertionError("unreachable")  # context.abort raises
 

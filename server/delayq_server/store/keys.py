@@ -29,6 +29,23 @@ def token_key(token_id: str) -> str:
     return f"dq:{{auth}}:tok:{token_id}"
 
 
+# Per-namespace quota state (issue 9). The tag "{ns:<name>}" cannot meet a
+# shard tag ("{ns/queue/shard}") or "{auth}": names never contain ":" or "/".
+def namespace_queues_key(namespace: str) -> str:
+    """SET: queue names of a namespace (counted by the queue quota)."""
+    return f"dq:{{ns:{namespace}}}:queues"
+
+
+def enqueue_rate_key(namespace: str) -> str:
+    """HASH: the namespace's enqueue token bucket (tokens, ts)."""
+    return f"dq:{{ns:{namespace}}}:rate"
+
+
+def consume_streams_key(namespace: str) -> str:
+    """ZSET: open Consume streams of a namespace -> slot expiry ms."""
+    return f"dq:{{ns:{namespace}}}:streams"
+
+
 def server_channel(server_id: str) -> str:
     """Pub/sub channel of one server replica: credit returned to its streams."""
     return f"dq:srv:{server_id}"

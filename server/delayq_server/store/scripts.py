@@ -18,6 +18,9 @@ NAMES = (
     "extend",
     "nack",
     "promote",
+    "quota_queue",
+    "quota_rate",
+    "quota_stream",
     "reap",
     "release",
 )
@@ -30,5 +33,9 @@ def _read(relative: str) -> str:
 @cache
 def source(name: str) -> str:
     """The script's text with its includes inlined (Redis has no module system)."""
-    text = _read(f"{name}.lua")
-    return _INCLUDE.sub(lambda m: _read(f"includes/{m.group(1)}.lua"), text)
+    return _expand(_read(f"{name}.lua"))
+
+
+def _expand(text: str) -> str:
+    # Includes may include others (record -> clock); each is a small fixed file.
+    return _INCLUDE.sub(lambda m: _expand(_read(f"includes/{m.group(1)}.lua")), text)

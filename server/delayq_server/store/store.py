@@ -165,6 +165,10 @@ class Store:
 
     # -- queues -----------------------------------------------------------------
 
+    def known(self, namespace: str, queue: str) -> bool:
+        """Whether this replica has used the queue already (its shard count is cached)."""
+        return (namespace, queue) in self._shards
+
     async def shard_count(self, namespace: str, queue: str, *, create: bool) -> int:
         """Shard count of a queue, fixed when the queue is first used.
 
