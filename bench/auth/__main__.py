@@ -1,0 +1,94 @@
+"""`make bench-auth`: enqueue jobs/s through a server with auth off and one with auth on.
+
+Both servers share one redis-server and run in the same invocation; rounds
+alternate (off, on, off, on, ...) so machine noise hits both alike. Reported:
+the median of the rounds, single Enqueue (N concurrent callers) and EnqueueBatch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+
+from delayq.v1 import service_pb2, service_pb2_grpc
+from tests.support.servers import DelayqProcess, ManagedRedis
+
+
+async def _single(address: str, token: str | None, total: int, concurrency: int) -> float:
+    md = (("authorization", f"Bearer {token}"),) if token else ()
+    async with grpc.aio.insecure_channel(address) as ch:
+        stub = service_pb2_grpc.DelayQueueServiceStub(ch)
+        req = service_pb2.EnqueueRequest(queue="bench", payload=b"x" * 100)
+        await stub.Enqueue(req, metadata=md)  # warm the token cache and the queue
+        left = total
+
+        async def worker() -> None:
+            nonlocal left
+            while left > 0:
+                left -= 1
+                await stub.Enqueue(req, metadata=md)
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return total / (time.perf_counter() - start)
+
+
+async def _batched(address: str, token: str | None, batches: int, size: int) -> float:
+    md = (("authorization", f"Bearer {token}"),) if token else ()
+    async with grpc.aio.insecure_channel(address) as ch:
+        stub = service_pb2_grpc.DelayQueueServiceStub(ch)
+        one = service_pb2.EnqueueRequest(queue="bench-batch", payload=b"x" * 100)
+        req = service_pb2.EnqueueBatchRequest(requests=[one] * size)
+        await stub.EnqueueBatch(req, metadata=md)
+        start = time.perf_counter()
+        await asyncio.gather(*(stub.EnqueueBatch(req, metadata=md) for _ in range(batches)))
+        return batches * size / (time.perf_counter() - start)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(prog="bench.auth", description=__doc__)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--single", type=int, default=5000, help="Enqueue calls per round")
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--batches", type=int, default=20, help="EnqueueBatch calls per round")
+    ap.add_argument("--batch-size", type=int, default=1000)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        token_file = Path(tmp) / "admin-token"
+        with (
+            ManagedRedis(Path(tmp) / "redis", appendonly=False) as redis,
+            DelayqProcess(redis.url) as off,
+            DelayqProcess(
+                redis.url, ["--auth", "--auth-bootstrap-token-file", str(token_file)]
+            ) as on,
+        ):
+            token = token_file.read_text().strip()
+            results: dict[str, list[float]] = {k: [] for k in ("off 1", "on 1", "off b", "on b")}
+            for _ in range(args.rounds):
+                for name, proc, tok in (("off", off, None), ("on", on, token)):
+                    results[f"{name} 1"].append(
+                        asyncio.run(_single(proc.address, tok, args.single, args.concurrency))
+                    )
+                    results[f"{name} b"].append(
+                        asyncio.run(_batched(proc.address, tok, args.batches, args.batch_size))
+                    )
+    med = {k: statistics.median(v) for k, v in results.items()}
+    print(f"rounds: {args.rounds} (alternating), median jobs/s")
+    print("| API | auth off | auth on | on/off |")
+    print("|---|---|---|---|")
+    for api, key in (
+        (f"Enqueue x{args.concurrency} concurrent", "1"),
+        (f"EnqueueBatch of {args.batch_size}", "b"),
+    ):
+        a, b = med[f"off {key}"], med[f"on {key}"]
+        print(f"| {api} | {a:,.0f} | {b:,.0f} | {b / a:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
