@@ -24,6 +24,7 @@ from delayq_server.auth.certs import CertRoles
 from delayq_server.auth.interceptor import AuthInterceptor
 from delayq_server.auth.tokens import TokenAuthenticator
 from delayq_server.config import Config
+from delayq_server.decode_guard import DecodeGuard
 from delayq_server.dispatcher import Dispatcher
 from delayq_server.quotas import Limits, Quotas
 from delayq_server.service import DelayQueueService
@@ -110,7 +111,8 @@ class App:
         self.telemetry = telemetry.setup(cfg.otel)
         self.token_store = TokenStore(self.redis)
         self.authenticator: TokenAuthenticator | None = None
-        interceptors = list(self.telemetry.interceptors())
+        # The decode guard comes first so later interceptors (auth) see decoded requests.
+        interceptors = [DecodeGuard(), *self.telemetry.interceptors()]
         if cfg.auth:
             self.authenticator = TokenAuthenticator(self.token_store)
             certs = CertRoles.load(cfg.tls_client_roles) if cfg.tls_client_roles else None

@@ -89,6 +89,19 @@ class Quotas:
                 ts, count = self._jobs[namespace]
                 self._jobs[namespace] = (ts, count + n)
 
+    async def enqueue_many(self, namespaces: list[str]) -> dict[str, QuotaExceeded]:
+        """Admits a batch's jobs per namespace; the refusal of each namespace refused."""
+        counts: dict[str, int] = {}
+        for ns in namespaces:
+            counts[ns] = counts.get(ns, 0) + 1
+        refused: dict[str, QuotaExceeded] = {}
+        for ns, n in counts.items():
+            try:
+                await self.enqueue(ns, n)
+            except QuotaExceeded as exc:
+                refused[ns] = exc
+        return refused
+
     async def queue(self, namespace: str, queue: str) -> None:
         """Counts a queue about to be used; a new one beyond the quota is refused.
 

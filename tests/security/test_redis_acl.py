@@ -19,11 +19,11 @@ from tests.support.servers import DelayqProcess, ManagedRedis
 ACL_COMMANDS = (
     "+ping +time "
     "+evalsha +eval +script|load +script|exists "
-    "+get +mget +set +del +pexpireat "
-    "+hget +hset +hsetnx +hgetall +hincrby "
-    "+sadd +smembers "
+    "+get +mget +set +del +exists +pexpire +pexpireat "
+    "+hget +hmget +hset +hsetnx +hgetall +hincrby "
+    "+sadd +smembers +sismember +scard "
     "+lpush +rpush +rpop +llen +lindex +lrem "
-    "+zadd +zrange +zrem +zcard +zremrangebyscore "
+    "+zadd +zrange +zrem +zcard +zscore +zremrangebyscore "
     "+multi +exec +discard "
     "+publish +subscribe +unsubscribe"
 )

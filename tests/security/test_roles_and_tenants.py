@@ -39,16 +39,26 @@ def enqueue(stub: Stub, ns: str, queue: str = "q", **kw: object) -> str:
     return stub.Enqueue(req, timeout=10).job_id
 
 
-def lease(stub: Stub, ns: str, queue: str = "q") -> job_pb2.Delivery:
-    """Opens a Consume stream, takes one delivery and leaves the stream open."""
+def leases(stub: Stub, ns: str, n: int, queue: str = "q") -> list[job_pb2.Delivery]:
+    """Opens a Consume stream, takes n deliveries and leaves the stream open."""
     call = stub.Consume(
         service_pb2.ConsumeRequest(
-            namespace=ns, queues=[queue], max_outstanding=1, lease_duration=ms(60_000)
+            namespace=ns, queues=[queue], max_outstanding=n, lease_duration=ms(60_000)
         ),
         timeout=30,
     )
     _streams.append(call)
-    return next(iter(call)).deliveries[0]
+    got: list[job_pb2.Delivery] = []
+    for resp in call:
+        got.extend(resp.deliveries)
+        if len(got) >= n:
+            break
+    return got
+
+
+def lease(stub: Stub, ns: str, queue: str = "q") -> job_pb2.Delivery:
+    """Opens a Consume stream, takes one delivery and leaves the stream open."""
+    return leases(stub, ns, 1, queue)[0]
 
 
 _streams: list[Any] = []  # open Consume calls, cancelled after each test
@@ -136,12 +146,11 @@ def test_consume_role_leases_acks_nacks_and_extends(auth_srv: AuthServer, ns: st
     worker = auth_srv.stub(auth_srv.token(ns, "consume"))
     for _ in range(2):
         enqueue(producer, ns)
-    d1 = lease(worker, ns)
+    d1, d2 = leases(worker, ns, 2)
     ext = service_pb2.ExtendLeaseRequest(lease_token=d1.lease_token, extension=ms(5_000))
     assert worker.ExtendLease(ext, timeout=10).lease_deadline.seconds > 0
     acked = worker.Ack(service_pb2.AckRequest(lease_tokens=[d1.lease_token]), timeout=10)
     assert list(acked.results) == [service_pb2.ACK_RESULT_ACKED]
-    d2 = lease(worker, ns)
     nack = service_pb2.NackRequest(lease_token=d2.lease_token, dead_letter=True)
     assert worker.Nack(nack, timeout=10).state == job_pb2.JOB_STATE_DEAD
     req = service_pb2.EnqueueRequest(namespace=ns, queue="q", payload=b"x")

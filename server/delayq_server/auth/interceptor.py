@@ -72,25 +72,6 @@ def _lease_namespaces(request: Any) -> list[str]:
     return out
 
 
-def _decoder(handler: Handler, name: str) -> Callable[[Any], Any]:
-    """The handler's request decoder, raising Denied(INVALID_ARGUMENT) on bad bytes
-    (gRPC itself would answer UNKNOWN naming a Python exception class)."""
-    deserialize = handler.request_deserializer
-    if deserialize is None:
-        return lambda raw: raw
-
-    def decode(raw: Any) -> Any:
-        try:
-            return deserialize(raw)
-        except Exception:
-            raise Denied(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"request: the bytes are not a valid {name} request message",
-            ) from None
-
-    return decode
-
-
 class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
     """Authenticates by bearer token (or mapped client certificate), then checks role
     and namespace."""
@@ -124,12 +105,10 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
 
     def _unary(self, handler: Handler, rule: Rule, name: str, metadata: Any) -> Handler:
         inner: Any = handler.unary_unary
-        decode = _decoder(handler, name)
 
-        async def call(raw: Any, context: Ctx) -> Any:
+        async def call(request: Any, context: Ctx) -> Any:
             try:
                 p = await self._authenticate(metadata, context)
-                request = decode(raw)
                 self._authorize(p, rule, name, request)
                 if rule.scope is Scope.ACK:
                     return await self._ack(p, request, context, inner)
@@ -140,18 +119,16 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
 
         return grpc.unary_unary_rpc_method_handler(
             call,
-            request_deserializer=None,  # decoded in `call`: bad bytes are INVALID_ARGUMENT
+            request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
 
     def _unary_stream(self, handler: Handler, rule: Rule, name: str, metadata: Any) -> Handler:
         inner: Any = handler.unary_stream
-        decode = _decoder(handler, name)
 
-        async def call(raw: Any, context: Ctx) -> AsyncIterator[Any]:
+        async def call(request: Any, context: Ctx) -> AsyncIterator[Any]:
             try:
                 p = await self._authenticate(metadata, context)
-                request = decode(raw)
                 self._authorize(p, rule, name, request)
             except Denied as d:
                 await context.abort(d.code, d.message)
@@ -161,7 +138,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
 
         return grpc.unary_stream_rpc_method_handler(
             call,
-            request_deserializer=None,  # decoded in `call`: bad bytes are INVALID_ARGUMENT
+            request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
 
