@@ -1,8 +1,9 @@
 """`make bench-auth`: enqueue jobs/s through a server with auth off and one with auth on.
 
-Both servers share one redis-server and run in the same invocation; rounds
-alternate (off, on, off, on, ...) so machine noise hits both alike. Reported:
-the median of the rounds, single Enqueue (N concurrent callers) and EnqueueBatch.
+Each run gets a fresh redis-server and server (a second idle server on the same
+machine skewed the first attempt by start order); runs alternate off/on, the
+order swapped every round, so machine noise hits both alike. Reported: the
+median of the rounds, single Enqueue (N concurrent callers) and EnqueueBatch.
 """
 
 from __future__ import annotations
@@ -51,6 +52,21 @@ async def _batched(address: str, token: str | None, batches: int, size: int) -> 
         return batches * size / (time.perf_counter() - start)
 
 
+def _run(mode: str, args: argparse.Namespace) -> tuple[float, float]:
+    """A fresh redis-server and server per run: no backlog, cache or neighbour carried over."""
+    with tempfile.TemporaryDirectory() as tmp:
+        token_file = Path(tmp) / "admin-token"
+        flags = ["--auth", "--auth-bootstrap-token-file", str(token_file)] if mode == "on" else []
+        with (
+            ManagedRedis(Path(tmp) / "redis", appendonly=False) as redis,
+            DelayqProcess(redis.url, flags) as proc,
+        ):
+            token = token_file.read_text().strip() if mode == "on" else None
+            one = asyncio.run(_single(proc.address, token, args.single, args.concurrency))
+            batched = asyncio.run(_batched(proc.address, token, args.batches, args.batch_size))
+            return one, batched
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(prog="bench.auth", description=__doc__)
     ap.add_argument("--rounds", type=int, default=5)
@@ -59,25 +75,14 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=20, help="EnqueueBatch calls per round")
     ap.add_argument("--batch-size", type=int, default=1000)
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        token_file = Path(tmp) / "admin-token"
-        with (
-            ManagedRedis(Path(tmp) / "redis", appendonly=False) as redis,
-            DelayqProcess(redis.url) as off,
-            DelayqProcess(
-                redis.url, ["--auth", "--auth-bootstrap-token-file", str(token_file)]
-            ) as on,
-        ):
-            token = token_file.read_text().strip()
-            results: dict[str, list[float]] = {k: [] for k in ("off 1", "on 1", "off b", "on b")}
-            for _ in range(args.rounds):
-                for name, proc, tok in (("off", off, None), ("on", on, token)):
-                    results[f"{name} 1"].append(
-                        asyncio.run(_single(proc.address, tok, args.single, args.concurrency))
-                    )
-                    results[f"{name} b"].append(
-                        asyncio.run(_batched(proc.address, tok, args.batches, args.batch_size))
-                    )
+    results: dict[str, list[float]] = {k: [] for k in ("off 1", "on 1", "off b", "on b")}
+    modes = ["off", "on"]
+    for _ in range(args.rounds):
+        modes.reverse()  # each mode goes first every other round
+        for mode in modes:
+            one, batched = _run(mode, args)
+            results[f"{mode} 1"].append(one)
+            results[f"{mode} b"].append(batched)
     med = {k: statistics.median(v) for k, v in results.items()}
     print(f"rounds: {args.rounds} (alternating), median jobs/s")
     print("| API | auth off | auth on | on/off |")
