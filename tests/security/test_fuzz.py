@@ -248,6 +248,11 @@ def test_fuzz_consume_and_leases(world: World, data: st.DataObject) -> None:
     check(world, "Consume", lambda: stub.Consume(consume, timeout=0.5), stream=True)
     tokens = data.draw(st.lists(lease_tokens(world), max_size=5))
     check(world, "Ack", lambda: stub.Ack(service_pb2.AckRequest(lease_tokens=tokens), timeout=10))
+    check(
+        world,
+        "Release",
+        lambda: stub.Release(service_pb2.ReleaseRequest(lease_tokens=tokens), timeout=10),
+    )
     nack = service_pb2.NackRequest(
         lease_token=data.draw(lease_tokens(world)),
         delay=data.draw(durations),
@@ -342,7 +347,7 @@ def test_fuzz_read_and_admin(world: World, data: st.DataObject) -> None:
 
 METHODS = [
     f"/delayq.v1.DelayQueueService/{m}"
-    for m in ("Enqueue", "EnqueueBatch", "Ack", "Nack", "ExtendLease", "Query", "Delete",
+    for m in ("Enqueue", "EnqueueBatch", "Ack", "Release", "Nack", "ExtendLease", "Query", "Delete",
               "GetQueueStats", "ListDeadJobs", "RedriveDeadJobs", "PurgeDeadJobs")
 ] + [f"/delayq.v1.AdminService/{m}" for m in ("CreateToken", "ListTokens", "RevokeToken")]  # fmt: skip
 

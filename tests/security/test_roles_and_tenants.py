@@ -146,7 +146,10 @@ def test_consume_role_leases_acks_nacks_and_extends(auth_srv: AuthServer, ns: st
     worker = auth_srv.stub(auth_srv.token(ns, "consume"))
     for _ in range(2):
         enqueue(producer, ns)
-    d1, d2 = leases(worker, ns, 2)
+    enqueue(producer, ns)
+    d1, d2, d3 = leases(worker, ns, 3)
+    rel = worker.Release(service_pb2.ReleaseRequest(lease_tokens=[d3.lease_token]), timeout=10)
+    assert list(rel.results) == [service_pb2.RELEASE_RESULT_RELEASED]
     ext = service_pb2.ExtendLeaseRequest(lease_token=d1.lease_token, extension=ms(5_000))
     assert worker.ExtendLease(ext, timeout=10).lease_deadline.seconds > 0
     acked = worker.Ack(service_pb2.AckRequest(lease_tokens=[d1.lease_token]), timeout=10)
@@ -256,6 +259,10 @@ def test_cross_tenant_attacks_of_issue_9_are_refused(auth_srv: AuthServer, ns: s
     d = lease(owner, a)
     acked = attacker.Ack(service_pb2.AckRequest(lease_tokens=[d.lease_token]), timeout=10)
     assert list(acked.results) == [service_pb2.ACK_RESULT_UNKNOWN]
+    released = attacker.Release(
+        service_pb2.ReleaseRequest(lease_tokens=[d.lease_token]), timeout=10
+    )
+    assert list(released.results) == [service_pb2.RELEASE_RESULT_UNKNOWN]
     nack = service_pb2.NackRequest(lease_token=d.lease_token, dead_letter=True)
     assert code_of(attacker.Nack, nack) == missing
     ext = service_pb2.ExtendLeaseRequest(lease_token=d.lease_token, extension=ms(5_000))

@@ -75,7 +75,7 @@ def test_security_settings_from_flags_and_environment() -> None:
         ["--tls-cert", "c.pem"],
         ["--tls-client-ca", "ca.pem"],
         ["--quota-queues", "-1"],
-        ["--max-message-bytes", "1000"],
+        ["--max-message-bytes", "1000"],  # below max_response_bytes
     ):
         with pytest.raises(SystemExit):
             config.load(argv, env={})

@@ -32,7 +32,11 @@ if TYPE_CHECKING:  # generic only in the type stubs
 
 # Same text as an unknown lease token gets from the servicer (errors.py).
 LEASE_NOT_FOUND = "lease_token: no such job (acked, deleted or expired)"
-_MAX_ACK_TOKENS = 1000  # more is refused by validation as a whole
+_MAX_TOKENS = 1000  # more is refused by validation as a whole
+_RESPONSES: dict[str, Any] = {
+    "delayq.v1.AckRequest": service_pb2.AckResponse,
+    "delayq.v1.ReleaseRequest": service_pb2.ReleaseResponse,
+}
 
 
 class Denied(Exception):
@@ -110,8 +114,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
             try:
                 p = await self._authenticate(metadata, context)
                 self._authorize(p, rule, name, request)
-                if rule.scope is Scope.ACK:
-                    return await self._ack(p, request, context, inner)
+                if rule.scope is Scope.PER_TOKEN:
+                    return await self._per_token(p, request, context, inner)
             except Denied as d:
                 await context.abort(d.code, d.message)
             pr.set_current(p)
@@ -187,16 +191,17 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
                 )
 
     @staticmethod
-    async def _ack(
+    async def _per_token(
         p: pr.Principal,
-        request: service_pb2.AckRequest,
+        request: Any,
         context: Ctx,
-        inner: Callable[..., Awaitable[service_pb2.AckResponse]],
-    ) -> service_pb2.AckResponse:
-        """Tokens of other namespaces answer UNKNOWN without reaching the servicer."""
+        inner: Callable[..., Awaitable[Any]],
+    ) -> Any:
+        """Ack and Release: tokens of other namespaces answer UNKNOWN, as unknown jobs do,
+        without reaching the servicer; the others go through in one call."""
         tokens = list(request.lease_tokens)
         foreign = set()
-        if len(tokens) <= _MAX_ACK_TOKENS:
+        if len(tokens) <= _MAX_TOKENS:  # more: the servicer refuses the whole call
             for i, t in enumerate(tokens):
                 parsed = ids.parse_token(t)
                 if parsed is not None and not p.allows(parsed.keys.namespace):
@@ -204,11 +209,13 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         pr.set_current(p)
         if not foreign:
             return await inner(request, context)
-        results = [service_pb2.ACK_RESULT_UNKNOWN] * len(tokens)
+        response_type = _RESPONSES[type(request).DESCRIPTOR.full_name]
+        enum = response_type.DESCRIPTOR.fields_by_name["results"].enum_type
+        unknown = next(v.number for v in enum.values if v.name.endswith("_UNKNOWN"))
+        results = [unknown] * len(tokens)
         kept = [i for i in range(len(tokens)) if i not in foreign]
         if kept:
-            sub = service_pb2.AckRequest(lease_tokens=[tokens[i] for i in kept])
-            resp = await inner(sub, context)
+            resp = await inner(type(request)(lease_tokens=[tokens[i] for i in kept]), context)
             for i, r in zip(kept, resp.results, strict=True):
                 results[i] = r
-        return service_pb2.AckResponse(results=results)
+        return response_type(results=results)

@@ -14,7 +14,7 @@ class Scope(enum.Enum):
     NAMESPACE = "namespace"  # request.namespace ("" = "default")
     BATCH = "batch"  # request.requests[i].namespace
     LEASE = "lease"  # the namespace inside lease_token / lease_tokens
-    ACK = "ack"  # like LEASE, but answered per token (UNKNOWN for other namespaces)
+    PER_TOKEN = "per_token"  # like LEASE, answered per token (UNKNOWN for other namespaces)
     SERVICER = "servicer"  # the servicer scopes by itself (AdminService)
     ALL = "all"  # only principals of every namespace ("*")
 
@@ -32,10 +32,10 @@ RULES: dict[str, Rule] = {
     _QUEUE + "Enqueue": Rule(PRODUCE, Scope.NAMESPACE),
     _QUEUE + "EnqueueBatch": Rule(PRODUCE, Scope.BATCH),
     _QUEUE + "Consume": Rule(CONSUME, Scope.NAMESPACE),
-    _QUEUE + "Ack": Rule(CONSUME, Scope.ACK),
+    _QUEUE + "Ack": Rule(CONSUME, Scope.PER_TOKEN),
     _QUEUE + "Nack": Rule(CONSUME, Scope.LEASE),
     _QUEUE + "ExtendLease": Rule(CONSUME, Scope.LEASE),
-    _QUEUE + "Release": Rule(CONSUME, Scope.LEASE),
+    _QUEUE + "Release": Rule(CONSUME, Scope.PER_TOKEN),
     _QUEUE + "Query": Rule(READ, Scope.NAMESPACE),
     _QUEUE + "GetQueueStats": Rule(READ, Scope.NAMESPACE),
     _QUEUE + "ListDeadJobs": Rule(READ, Scope.NAMESPACE),
