@@ -152,3 +152,26 @@ def test_max_message_size(limited: Stub, ns: str) -> None:
     with pytest.raises(grpc.RpcError) as info:
         limited.EnqueueBatch(big, timeout=10)
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_abusive_pings_are_cut(redis_url: str) -> None:
+    """Keepalive enforcement: a client pinging far more often than every 10 s is sent
+    GOAWAY (too_many_pings); its idle Consume stream ends with UNAVAILABLE."""
+    pinger = [
+        ("grpc.keepalive_time_ms", 200),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.http2.min_time_between_pings_ms", 100),
+    ]
+    with (
+        DelayqProcess(redis_url) as proc,
+        grpc.insecure_channel(proc.address, options=pinger) as ch,
+    ):
+        stub = service_pb2_grpc.DelayQueueServiceStub(ch)
+        call = stub.Consume(
+            service_pb2.ConsumeRequest(queues=["idle"], max_outstanding=1), timeout=60
+        )
+        with pytest.raises(grpc.RpcError) as info:
+            next(iter(call))
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "ping" in (info.value.details() or "").lower()
