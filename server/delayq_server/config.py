@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import NoReturn
+from urllib.parse import urlsplit
 
 from delayq_server.durations import parse_ms
 
@@ -30,6 +33,7 @@ class Config:
     idempotency_window_ms: int = 24 * 3_600_000
     bucket_width_ms: int = 1_000
     grace_ms: int = 10_000
+    wake_fallback_ms: int = 30_000  # longest idle wait without a wake-up
     log_level: str = "INFO"
     otel: bool = False  # export traces/metrics over OTLP (OTEL_EXPORTER_OTLP_* env)
     auth: bool = False  # bearer tokens / client certificates required (README "Auth")
@@ -72,6 +76,7 @@ _FLAGS: dict[str, tuple[str, type | None, str]] = {
     "idempotency_window_ms": ("DELAYQ_IDEMPOTENCY_WINDOW", None, "idempotency key lifetime"),
     "bucket_width_ms": ("DELAYQ_BUCKET_WIDTH", None, "backlog time-bucket width"),
     "grace_ms": ("DELAYQ_GRACE", None, "shutdown grace period"),
+    "wake_fallback_ms": ("DELAYQ_WAKE_FALLBACK", None, "longest idle wait without a wake-up"),
     "log_level": ("DELAYQ_LOG_LEVEL", str, "logging level"),
     "auth_bootstrap_token_file": (
         "DELAYQ_AUTH_BOOTSTRAP_TOKEN_FILE",
@@ -116,19 +121,118 @@ _BOOLS: dict[str, tuple[str, str]] = {
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
+class ConfigError(ValueError):
+    """A setting out of range; the message names the flag."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        fail(message)
+
+
+def fail(message: str) -> NoReturn:
+    """One line on stderr and exit status 2: how every start-up refusal looks."""
+    sys.stderr.write(f"delayq-server: error: {message}\n")
+    raise SystemExit(2)
+
+
 def _convert(kind: type | None, value: str) -> object:
     if kind is None:  # a duration
         return parse_ms(value)
     return kind(value)
 
 
+def flag_of(name: str) -> str:
+    return "--" + name.removesuffix("_ms").replace("_", "-")
+
+
+_DAY_MS = 86_400_000
+_MIB = 1024 * 1024
+# Inclusive ranges of numeric settings (durations in ms). The lease range is the
+# one Consume accepts (validation.MIN_LEASE_MS / MAX_LEASE_MS); 366 days is the
+# longest delay a job may have.
+_RANGES: dict[str, tuple[float, float, str]] = {
+    "default_lease_ms": (1_000, 12 * 3_600_000, "1s to 12h"),
+    "default_max_attempts": (1, 1000, "1 to 1000"),
+    "retry_initial_ms": (0, 366 * _DAY_MS, "0 to 366d"),
+    "retry_max_ms": (0, 366 * _DAY_MS, "0 to 366d"),
+    "retry_multiplier": (1.0, 10.0, "1.0 to 10.0"),
+    "retry_jitter": (0.0, 1.0, "0.0 to 1.0"),
+    "max_payload_bytes": (1, 32 * _MIB, f"1 to {32 * _MIB}"),
+    # At most the server's own gRPC send limit (--max-message-bytes, checked below).
+    "max_response_bytes": (1, 64 * _MIB, f"1 to {64 * _MIB}"),
+    "max_message_bytes": (_MIB, 1024 * _MIB, f"{_MIB} to {1024 * _MIB}"),
+    "quota_enqueue_rate": (0, 1e9, "0 (no limit) or more"),
+    "quota_enqueue_burst": (0, 1e12, "0 (one second of rate) or more"),
+    "quota_jobs": (0, 1e15, "0 (no limit) or more"),
+    "quota_queues": (0, 1e9, "0 (no limit) or more"),
+    "quota_streams": (0, 1e9, "0 (no limit) or more"),
+    "max_concurrent_rpcs": (0, 1e9, "0 (no limit) or more"),
+    "shards_per_queue": (1, 1024, "1 to 1024"),
+    "completed_retention_ms": (0, 366 * _DAY_MS, "0 (off) to 366d"),
+    # 0 would make every idempotent enqueue fail (Redis refuses SET ... PX 0).
+    "idempotency_window_ms": (1_000, 366 * _DAY_MS, "1s to 366d"),
+    "bucket_width_ms": (1, 3_600_000, "1ms to 1h"),
+    "grace_ms": (0, 3_600_000, "0 to 1h"),
+    "wake_fallback_ms": (100, _DAY_MS, "100ms to 1d"),
+}
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def check(cfg: Config) -> None:
+    """Refuses any setting outside its documented range (ConfigError names the flag)."""
+    for name, (lo, hi, text) in _RANGES.items():
+        value = getattr(cfg, name)
+        if not lo <= value <= hi:
+            unit = "ms" if name.endswith("_ms") else ""
+            raise ConfigError(f"{flag_of(name)}: must be {text}, got {value}{unit}")
+    if cfg.retry_max_ms < cfg.retry_initial_ms:
+        raise ConfigError("--retry-max: must not be below --retry-initial")
+    if cfg.log_level.upper() not in _LOG_LEVELS:
+        raise ConfigError(f"--log-level: must be one of {', '.join(_LOG_LEVELS)}")
+    if cfg.redis_url is not None:
+        scheme = urlsplit(cfg.redis_url).scheme
+        if scheme not in ("redis", "rediss", "unix"):
+            raise ConfigError(
+                f"--redis-url: {cfg.redis_url!r} is not a redis://, rediss:// or unix:// URL"
+            )
+    host, sep, port = cfg.listen.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"--listen: {cfg.listen!r} is not host:port (port 0 picks one)")
+    if cfg.redis_url is None and not cfg.data_dir:
+        raise ConfigError("--data-dir: must not be empty")
+    # Imported here: validation imports this module.
+    from delayq_server.validation import max_delivery_bytes
+
+    largest = max_delivery_bytes(cfg.max_payload_bytes)
+    if cfg.max_response_bytes < largest:
+        raise ConfigError(
+            f"--max-response-bytes: {cfg.max_response_bytes} is below the largest delivery "
+            f"({largest} bytes with --max-payload-bytes {cfg.max_payload_bytes}): "
+            "a single job must always fit in one message"
+        )
+    if cfg.max_message_bytes < cfg.max_response_bytes:
+        raise ConfigError(
+            f"--max-message-bytes: {cfg.max_message_bytes} is below --max-response-bytes "
+            f"({cfg.max_response_bytes}): Consume messages could not be sent"
+        )
+    if (cfg.tls_cert is None) != (cfg.tls_key is None):
+        raise ConfigError("--tls-cert, --tls-key: give both together")
+    if cfg.tls_client_ca and not cfg.tls_cert:
+        raise ConfigError("--tls-client-ca: mutual TLS needs --tls-cert and --tls-key")
+    if cfg.tls_client_roles and not cfg.tls_client_ca:
+        raise ConfigError("--tls-client-roles: needs --tls-client-ca (client certificates)")
+
+
 def load(argv: Sequence[str] | None = None, env: dict[str, str] | None = None) -> Config:
-    """Builds the config; flags win over environment, environment over defaults."""
+    """Builds and checks the config; flags win over environment, environment over defaults.
+
+    A bad value exits with one line on stderr (status 2).
+    """
     env = dict(os.environ) if env is None else env
-    parser = argparse.ArgumentParser(prog="delayq-server", description="delayq gRPC server")
+    parser = _Parser(prog="delayq-server", description="delayq gRPC server")
     for name, (var, _kind, text) in _FLAGS.items():
-        flag = "--" + name.removesuffix("_ms").replace("_", "-")
-        parser.add_argument(flag, dest=name, default=None, help=f"{text} (env {var})")
+        parser.add_argument(flag_of(name), dest=name, default=None, help=f"{text} (env {var})")
     for name, (var, text) in _BOOLS.items():
         parser.add_argument(
             "--" + name,
@@ -140,13 +244,15 @@ def load(argv: Sequence[str] | None = None, env: dict[str, str] | None = None) -
     values: dict[str, object] = {}
     for name, (var, kind, _text) in _FLAGS.items():
         raw = getattr(ns, name)
+        source = flag_of(name)
         if raw is None:
             raw = env.get(var) or None
+            source = var
         if raw is not None:
             try:
                 values[name] = _convert(kind, raw)
             except ValueError as exc:
-                parser.error(f"{name}: {exc}")
+                fail(f"{source}: {exc}")
     for name, (var, _text) in _BOOLS.items():
         flag = getattr(ns, name)
         text = env.get(var, "").lower()
@@ -157,33 +263,13 @@ def load(argv: Sequence[str] | None = None, env: dict[str, str] | None = None) -
         elif text in _FALSE:
             values[name] = False
         elif text:
-            parser.error(f"{var}: want 1/true/on or 0/false/off, got {text!r}")
+            fail(f"{var}: want 1/true/on or 0/false/off, got {text!r}")
     cfg = Config(**values)  # type: ignore[arg-type]
-    if cfg.shards_per_queue < 1 or cfg.shards_per_queue > 1024:
-        parser.error("shards_per_queue: must be 1 to 1024")
-    for name in ("quota_enqueue_rate", "quota_enqueue_burst", "quota_jobs", "quota_queues",
-                 "quota_streams", "max_concurrent_rpcs"):  # fmt: skip
-        if getattr(cfg, name) < 0:
-            parser.error(f"{name}: must be 0 (no limit) or more")
-    if (cfg.tls_cert is None) != (cfg.tls_key is None):
-        parser.error("tls: give --tls-cert and --tls-key together")
-    if cfg.tls_client_ca and not cfg.tls_cert:
-        parser.error("tls: --tls-client-ca (mTLS) needs --tls-cert and --tls-key")
-    if cfg.tls_client_roles and not cfg.tls_client_ca:
-        parser.error("tls: --tls-client-roles needs --tls-client-ca (client certificates)")
-    # Imported here: validation imports this module.
-    from delayq_server.validation import max_delivery_bytes
-
-    largest = max_delivery_bytes(cfg.max_payload_bytes)
-    if cfg.max_response_bytes < largest:
-        parser.error(
-            f"max_response_bytes: {cfg.max_response_bytes} is below the largest delivery "
-            f"({largest} bytes with max_payload_bytes {cfg.max_payload_bytes}): "
-            "a single job must always fit in one message"
-        )
-    if cfg.max_message_bytes < cfg.max_response_bytes:
-        parser.error(
-            f"max_message_bytes: {cfg.max_message_bytes} is below max_response_bytes "
-            f"({cfg.max_response_bytes}): Consume messages would not be sent"
-        )
+    try:
+        check(cfg)
+    except ConfigError as exc:
+        fail(str(exc))
     return cfg
+
+
+assert {f.name for f in fields(Config)} >= set(_RANGES)

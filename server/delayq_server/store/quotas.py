@@ -38,8 +38,7 @@ class QuotaStore:
     def __init__(self, client: aioredis.Redis) -> None:
         self.redis = client
         self._scripts: dict[str, AsyncScript] = {
-            name: client.register_script(scripts.source(name))
-            for name in ("quota_rate", "quota_queue", "quota_stream")
+            name: client.register_script(scripts.source(name)) for name in scripts.QUOTA_NAMES
         }
 
     async def take_enqueue(
