@@ -134,6 +134,14 @@ def _safe_url(url: str) -> str:
     return parts._replace(netloc=f"***@{netloc}").geturl()
 
 
+def _read(flag: str, path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise StartupError(f"{flag}: cannot read {path}: {exc.strerror}") from exc
+
+
 class App:
     """One delayq server replica."""
 
@@ -176,7 +184,12 @@ class App:
         interceptors = [DecodeGuard(), *self.telemetry.interceptors()]
         if cfg.auth:
             self.authenticator = TokenAuthenticator(self.token_store)
-            certs = CertRoles.load(cfg.tls_client_roles) if cfg.tls_client_roles else None
+            certs = None
+            if cfg.tls_client_roles:
+                try:
+                    certs = CertRoles.load(cfg.tls_client_roles)
+                except (OSError, ValueError) as exc:
+                    raise StartupError(f"--tls-client-roles: {exc}") from exc
             interceptors.append(AuthInterceptor(self.authenticator, certs))
         self.server = grpc.aio.server(
             options=server_options(cfg),
@@ -207,14 +220,6 @@ class App:
             await self.store.load_scripts()
         except RedisError as exc:
             raise StartupError(f"cannot use Redis at {_safe_url(self.redis_url)}: {exc}") from exc
-        if self.cfg.auth:
-            await bootstrap.ensure_admin(self.token_store, self.cfg.auth_bootstrap_token_file)
-        else:
-            log.warning(
-                "auth is OFF: any client that reaches %s may use every namespace "
-                "(start with --auth or DELAYQ_AUTH=1 outside local development)",
-                self.cfg.listen,
-            )
         self.listener.start()
         await asyncio.wait_for(self.listener.ready.wait(), 10)
         await self.timers.start()
@@ -240,6 +245,15 @@ class App:
             raise StartupError(
                 f"cannot listen on {self.cfg.listen}: address in use or not available"
             )
+        # After the bind: a refused start stays one line (test_operations.py).
+        if self.cfg.auth:
+            await bootstrap.ensure_admin(self.token_store, self.cfg.auth_bootstrap_token_file)
+        else:
+            log.warning(
+                "auth is OFF: any client that reaches %s may use every namespace "
+                "(start with --auth or DELAYQ_AUTH=1 outside local development)",
+                self.cfg.listen,
+            )
         await self.server.start()
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
@@ -250,14 +264,8 @@ class App:
         cfg = self.cfg
         if cfg.tls_cert is None or cfg.tls_key is None:
             return self.server.add_insecure_port(cfg.listen)
-        with open(cfg.tls_key, "rb") as f:
-            key = f.read()
-        with open(cfg.tls_cert, "rb") as f:
-            chain = f.read()
-        client_ca = None
-        if cfg.tls_client_ca:
-            with open(cfg.tls_client_ca, "rb") as f:
-                client_ca = f.read()
+        key, chain = _read("--tls-key", cfg.tls_key), _read("--tls-cert", cfg.tls_cert)
+        client_ca = _read("--tls-client-ca", cfg.tls_client_ca) if cfg.tls_client_ca else None
         creds = grpc.ssl_server_credentials(
             [(key, chain)], root_certificates=client_ca, require_client_auth=client_ca is not None
         )
