@@ -52,6 +52,8 @@ class Config:
     # Server-wide limits.
     max_concurrent_rpcs: int = 10_000  # streams included; more get RESOURCE_EXHAUSTED
     max_message_bytes: int = 16 * 1024 * 1024  # largest request or response message
+    record_events: bool = False  # lifecycle events to per-shard streams (store/lifecycle.py)
+    events_maxlen: int = 1_000_000  # per shard stream, approximate (MAXLEN ~)
 
 
 # flag name -> (env var, parser, help)
@@ -110,6 +112,7 @@ _FLAGS: dict[str, tuple[str, type | None, str]] = {
         "RPCs (streams included) one replica serves at once",
     ),
     "max_message_bytes": ("DELAYQ_MAX_MESSAGE_BYTES", int, "largest gRPC message"),
+    "events_maxlen": ("DELAYQ_EVENTS_MAXLEN", int, "entries kept per shard's events stream"),
 }
 
 # flag name -> (env var, help); "--x" sets True, "--no-x" False
@@ -117,6 +120,10 @@ _BOOLS: dict[str, tuple[str, str]] = {
     "otel": ("DELAYQ_OTEL", "export OTLP telemetry"),
     "auth": ("DELAYQ_AUTH", "require a token (or mapped client certificate) on every RPC"),
     "reflection": ("DELAYQ_REFLECTION", "serve gRPC reflection (default on)"),
+    "record_events": (
+        "DELAYQ_RECORD_EVENTS",
+        "record lifecycle events to per-shard Redis streams",
+    ),
 }
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
@@ -175,6 +182,7 @@ _RANGES: dict[str, tuple[float, float, str]] = {
     "bucket_width_ms": (1, 3_600_000, "1ms to 1h"),
     "grace_ms": (0, 3_600_000, "0 to 1h"),
     "wake_fallback_ms": (100, _DAY_MS, "100ms to 1d"),
+    "events_maxlen": (1, 1_000_000_000, "1 to 1000000000"),
 }
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -235,7 +243,8 @@ def load(argv: Sequence[str] | None = None, env: dict[str, str] | None = None) -
         parser.add_argument(flag_of(name), dest=name, default=None, help=f"{text} (env {var})")
     for name, (var, text) in _BOOLS.items():
         parser.add_argument(
-            "--" + name,
+            "--" + name.replace("_", "-"),
+            dest=name,
             action=argparse.BooleanOptionalAction,
             default=None,
             help=f"{text} (env {var})",
