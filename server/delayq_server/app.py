@@ -19,7 +19,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from delayq.v1 import service_pb2, service_pb2_grpc
 from delayq_server import events, telemetry
 from delayq_server.config import Config
-from delayq_server.decode_guard import DecodeGuard
+from delayq_server.decode_guard import guarded
 from delayq_server.dispatcher import Dispatcher
 from delayq_server.service import DelayQueueService
 from delayq_server.store import Store
@@ -94,8 +94,8 @@ class App:
         self.telemetry = telemetry.setup(cfg.otel)
         self.server = grpc.aio.server(
             options=SERVER_OPTIONS,
-            # The decode guard comes first so later interceptors see decoded requests.
-            interceptors=[DecodeGuard(), *self.telemetry.interceptors()],
+            # No decode-guard interceptor: handlers are guarded at registration (decode_guard).
+            interceptors=[*self.telemetry.interceptors()],
         )
         self.port = 0
 
@@ -112,10 +112,11 @@ class App:
         service = DelayQueueService(
             self.cfg, self.store, self.dispatcher, self.timers, self.telemetry
         )
-        service_pb2_grpc.add_DelayQueueServiceServicer_to_server(service, self.server)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        registrar = guarded(self.server)
+        service_pb2_grpc.add_DelayQueueServiceServicer_to_server(service, registrar)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, registrar)
         reflection.enable_server_reflection(
-            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
+            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), registrar
         )
         self.port = self.server.add_insecure_port(self.cfg.listen)
         if self.port == 0:
