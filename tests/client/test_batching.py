@@ -7,7 +7,7 @@ import collections
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import pytest
@@ -25,7 +25,7 @@ ENQUEUE = "/delayq.v1.DelayQueueService/Enqueue"
 BATCH = "/delayq.v1.DelayQueueService/EnqueueBatch"
 
 
-class AioCounter(aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+class AioCounter(aio.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]
     """Counts the unary calls a channel makes, by method."""
 
     def __init__(self) -> None:
@@ -39,7 +39,7 @@ class AioCounter(aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
         return await continuation(details, request)
 
 
-class SyncCounter(grpc.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+class SyncCounter(grpc.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]
     """Counts the unary calls a channel makes, by method."""
 
     def __init__(self) -> None:
@@ -56,7 +56,9 @@ class SyncCounter(grpc.UnaryUnaryClientInterceptor):  # type: ignore[misc]
 
 async def test_concurrent_async_enqueues_travel_in_few_batch_calls(target: str) -> None:
     counter = AioCounter()
-    channel = aio.insecure_channel(target, options=channel_options(), interceptors=[counter])
+    channel = aio.insecure_channel(
+        target, options=channel_options(), interceptors=[cast(Any, counter)]
+    )
     async with AsyncClient(channel=channel) as client:
         results = await asyncio.gather(*(client.enqueue("q", {"n": i}) for i in range(200)))
         assert len({r.job_id for r in results}) == 200
@@ -71,7 +73,9 @@ async def test_concurrent_async_enqueues_travel_in_few_batch_calls(target: str) 
 
 async def test_a_lone_async_enqueue_is_a_plain_enqueue_call(target: str) -> None:
     counter = AioCounter()
-    channel = aio.insecure_channel(target, options=channel_options(), interceptors=[counter])
+    channel = aio.insecure_channel(
+        target, options=channel_options(), interceptors=[cast(Any, counter)]
+    )
     async with AsyncClient(channel=channel) as client:
         for i in range(3):
             await client.enqueue("q", i)
@@ -141,18 +145,19 @@ def _requests(n: int) -> list[service_pb2.EnqueueRequest]:
 
 async def test_async_close_sends_what_is_still_gathering() -> None:
     release = asyncio.Event()
+    leaving = asyncio.Event()
     sent: list[int] = []
 
-    async def send(reqs: list[service_pb2.EnqueueRequest], timeout: float) -> list[Outcome]:
+    async def send(reqs: list[service_pb2.EnqueueRequest], _deadline: float) -> list[Outcome]:
         sent.append(len(reqs))
+        leaving.set()
         await release.wait()
         return [EnqueueResult(job_id=r.payload.decode(), due_time=None) for r in reqs]
 
     batcher = AsyncBatcher(send, Batching(max_delay=1.0))
     reqs = _requests(4)
     first = batcher.submit(reqs[0], 10.0)
-    while not sent:  # the lone job leaves; the others then wait for company
-        await asyncio.sleep(0)
+    await leaving.wait()  # the lone job leaves; the others then wait for company
     rest = [batcher.submit(r, 10.0) for r in reqs[1:]]
     assert sent == [1]
     closing = asyncio.ensure_future(batcher.close())
