@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 
 from delayq_server import config
-from delayq_server.app import App
+from delayq_server.app import App, StartupError
 from delayq_server.managed_redis import ManagedRedis
 
 log = logging.getLogger("delayq")
@@ -18,7 +18,15 @@ log = logging.getLogger("delayq")
 
 async def serve(cfg: config.Config, redis_url: str) -> None:
     app = App(cfg, redis_url)
-    port = await app.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        port = await app.start()
+    except BaseException:
+        await app.abort()
+        raise
     # Every RPC allocates many short-lived objects and almost no cycles: the
     # default gen-0 threshold (700) ran a collection every few calls (~3% of a
     # unary Enqueue in py-spy --native). Freeze what start-up built and collect
@@ -26,12 +34,8 @@ async def serve(cfg: config.Config, redis_url: str) -> None:
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
     host = cfg.listen.rsplit(":", 1)[0]
-    # Tests and scripts wait for this exact line.
+    # Tests and scripts wait for this exact line (and may signal right after it).
     print(f"delayq: listening on {host}:{port}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("shutting down (grace %.1fs)", cfg.grace_ms / 1000)
     await app.stop()
@@ -45,16 +49,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     managed: ManagedRedis | None = None
     url = cfg.redis_url
-    if url is None:
-        managed = ManagedRedis(cfg.data_dir, port=0).start()
-        url = managed.url
-        log.info("started managed redis-server at %s (data in %s)", url, cfg.data_dir)
     try:
+        if url is None:
+            try:
+                managed = ManagedRedis(cfg.data_dir, port=0).start()
+            except (RuntimeError, OSError) as exc:
+                config.fail(str(exc).splitlines()[0])
+            url = managed.url
+            log.info("started managed redis-server at %s (data in %s)", url, cfg.data_dir)
         import uvloop
 
         uvloop.run(serve(cfg, url))
     except KeyboardInterrupt:
         pass
+    except StartupError as exc:
+        config.fail(str(exc))
     finally:
         if managed is not None:
             managed.stop()
