@@ -23,7 +23,7 @@ from delayq_server.auth.certs import CertRoles
 from delayq_server.auth.interceptor import AuthInterceptor
 from delayq_server.auth.tokens import TokenAuthenticator
 from delayq_server.config import Config
-from delayq_server.decode_guard import DecodeGuard
+from delayq_server.decode_guard import DecodeGuard, guarded
 from delayq_server.dispatcher import Dispatcher
 from delayq_server.quotas import Limits, Quotas
 from delayq_server.service import DelayQueueService
@@ -148,8 +148,7 @@ class App:
         self.telemetry = telemetry.setup(cfg.otel)
         self.token_store = TokenStore(self.redis)
         self.authenticator: TokenAuthenticator | None = None
-        # The decode guard comes first so later interceptors (auth) see decoded requests.
-        interceptors = [DecodeGuard(), *self.telemetry.interceptors()]
+        interceptors = [*self.telemetry.interceptors()]
         if cfg.auth:
             self.authenticator = TokenAuthenticator(self.token_store)
             certs = None
@@ -159,9 +158,12 @@ class App:
                 except (OSError, ValueError) as exc:
                     raise StartupError(f"--tls-client-roles: {exc}") from exc
             interceptors.append(AuthInterceptor(self.authenticator, certs))
+        self._intercepted = bool(interceptors)
+        if interceptors:  # first: later interceptors (auth) see decoded requests
+            interceptors.insert(0, DecodeGuard())
         self.server = grpc.aio.server(
             options=server_options(cfg),
-            interceptors=interceptors,
+            interceptors=interceptors or None,
             maximum_concurrent_rpcs=cfg.max_concurrent_rpcs or None,
         )
         self.quotas = Quotas(
@@ -194,15 +196,19 @@ class App:
         service = DelayQueueService(
             self.cfg, self.store, self.dispatcher, self.timers, self.telemetry, self.quotas
         )
-        service_pb2_grpc.add_DelayQueueServiceServicer_to_server(service, self.server)
+        # Without interceptors the handlers themselves decode (cheaper per call:
+        # grpc.aio then skips its interceptor chain); with interceptors the
+        # DecodeGuard interceptor comes first, so auth sees decoded requests.
+        registrar = self.server if self._intercepted else guarded(self.server)
+        service_pb2_grpc.add_DelayQueueServiceServicer_to_server(service, registrar)
         admin_pb2_grpc.add_AdminServiceServicer_to_server(
-            AdminService(self.token_store, self.authenticator), self.server
+            AdminService(self.token_store, self.authenticator), registrar
         )
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, registrar)
         if self.cfg.reflection:
             reflection.enable_server_reflection(
                 (SERVICE_NAME, ADMIN_SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME),
-                self.server,
+                registrar,
             )
         if not self.cfg.reuse_port:  # a worker: its supervisor checked the port
             check_bind(self.cfg.listen)

@@ -161,7 +161,10 @@ class DelayQueueService(ReleaseServicer, service_pb2_grpc.DelayQueueServiceServi
             if ttls:
                 self._timers.expect_expiry(keys, min(ttls))
 
-        await asyncio.gather(*(run(k, v) for k, v in groups.items()))
+        if len(groups) == 1:  # a unary call: no task for gather to make
+            await run(*next(iter(groups.items())))
+        else:
+            await asyncio.gather(*(run(k, v) for k, v in groups.items()))
         return [r for r in out if r is not None]
 
     # -- RPCs ---------------------------------------------------------------------------
