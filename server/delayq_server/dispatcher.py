@@ -160,6 +160,15 @@ class Dispatcher:
             if stream is not None:
                 stream.keep(nonce)
 
+    def on_given_back(self, tokens: list[LeaseToken]) -> None:
+        """Released deliveries of this replica's streams: credit after a cooldown;
+        other replicas' streams get plain credit (see ConsumeStream.given_back)."""
+        for t in tokens:
+            if t.server_id == self.server_id:
+                stream = self._stream_of(t.nonce)
+                if stream is not None:
+                    stream.given_back(t.nonce)
+
     async def credit(self, tokens: list[LeaseToken]) -> None:
         """Returns credit for finished leases to whichever replica holds the stream."""
         await self._route(tokens, "credit", self.on_credit_nonces)

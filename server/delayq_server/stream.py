@@ -27,6 +27,7 @@ IDLE_FALLBACK_S = 30.0  # re-check for work when no wake-up came (last resort)
 # leases against Redis (covers credit lost with a pub/sub message, or a lease
 # dropped by TTL expiry).
 STALL_CHECK_S = 10.0
+RELEASE_COOLDOWN_S = 0.5  # credit of a released delivery comes back after this
 
 
 @dataclass(slots=True)
@@ -61,11 +62,13 @@ class ConsumeStream:
         self._claims = itertools.count()
         self._rotation = itertools.count()
         self._woken_for: str | None = None  # the tag whose event woke us, claimed first
+        self._cooling = 0  # released deliveries whose credit has not come back yet
         self.closing = False
 
     @property
     def credit(self) -> int:
-        return max(0, min(self._max_outstanding - len(self.outstanding), self._max_batch))
+        held = len(self.outstanding) + self._cooling
+        return max(0, min(self._max_outstanding - held, self._max_batch))
 
     def wake_up(self, tag: str | None = None) -> None:
         """Called by the ready board (one idle stream per event) and by credit."""
@@ -76,6 +79,21 @@ class ConsumeStream:
     def credit_back(self, nonce: str) -> None:
         if self.outstanding.pop(nonce, None) is not None:
             self.wake.set()
+
+    def given_back(self, nonce: str) -> None:
+        """A delivery the client released unstarted. Its credit returns after a
+        short cooldown: a client gives back mostly as its stream closes, and a
+        stream the server has not yet seen close must not lease the same job
+        again at once (docs/decisions.md, release)."""
+        if self.outstanding.pop(nonce, None) is None:
+            return
+        self._cooling += 1
+
+        def cooled() -> None:
+            self._cooling -= 1
+            self.wake.set()
+
+        asyncio.get_running_loop().call_later(RELEASE_COOLDOWN_S, cooled)
 
     def keep(self, nonce: str) -> None:
         """An extended lease of a closed stream in its grace is no longer released by it."""
@@ -129,7 +147,7 @@ class ConsumeStream:
         the wake-up on to another idle stream."""
         got: list[tuple[ShardKeys, Claimed]] = []
         board = self._d.board
-        budget = min(self._max_outstanding - len(self.outstanding), self._max_batch)
+        budget = self.credit
         hinted = board.hinted(self.tags)
         for shards in self._queues:
             if budget <= 0:
@@ -159,7 +177,7 @@ class ConsumeStream:
         first = True
         while not self.closing:
             self.wake.clear()
-            if len(self.outstanding) >= self._max_outstanding:
+            if len(self.outstanding) + self._cooling >= self._max_outstanding:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.wake.wait(), STALL_CHECK_S)
                 if not self.wake.is_set():
