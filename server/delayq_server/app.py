@@ -143,6 +143,7 @@ class App:
             self.dispatcher.on_credit_nonces,
             on_subscribed=self._resync,
             on_keep=self.dispatcher.on_keep_nonces,
+            on_expired=self.dispatcher.on_expired_nonces,
         )
         self.health = health_aio.HealthServicer()
         self.telemetry = telemetry.setup(cfg.otel)

@@ -194,8 +194,19 @@ class Dispatcher:
                     server_channel(server_id), f"{kind} " + " ".join(nonces)
                 )
 
+    def on_expired_nonces(self, nonces: list[str]) -> None:
+        """Leases of our streams that ran out (another replica's reaper may tell us)."""
+        for nonce in nonces:
+            stream = self._stream_of(nonce)
+            if stream is not None:
+                stream.lease_expired(nonce)
+
     def on_reaped(self, keys: ShardKeys, leases: list[LeaseRef]) -> None:
+        """A lease that ran out gives its stream NO credit back: the client is slow,
+        stuck or frozen, and handing it more work (the same job, even) would use up
+        attempts no handler gets to try. The slot frees when the client answers
+        for that delivery (an Ack, Nack, Release or ExtendLease, even a stale one)."""
         tokens = [LeaseToken(keys, lease.job_id, lease.nonce) for lease in leases if lease.nonce]
-        task = asyncio.create_task(self.credit(tokens))
+        task = asyncio.create_task(self._route(tokens, "expired", self.on_expired_nonces))
         self._background.add(task)
         task.add_done_callback(self._background.discard)

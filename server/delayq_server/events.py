@@ -87,12 +87,14 @@ class PubSubListener:
         on_credit: Callable[[list[str]], None],
         on_subscribed: Callable[[], None] = lambda: None,
         on_keep: Callable[[list[str]], None] = lambda nonces: None,
+        on_expired: Callable[[list[str]], None] = lambda nonces: None,
     ) -> None:
         self._client = client
         self._hub = hub
         self._server_id = server_id
         self._on_credit = on_credit
         self._on_keep = on_keep
+        self._on_expired = on_expired
         self._on_subscribed = on_subscribed
         self._task: asyncio.Task[None] | None = None
         self.ready = asyncio.Event()
@@ -154,6 +156,8 @@ class PubSubListener:
                 self._on_credit(rest.split())
             elif kind == "keep":
                 self._on_keep(rest.split())
+            elif kind == "expired":
+                self._on_expired(rest.split())
             return
         prefix, _, rest = text.partition(" ")
         kind, _, detail = rest.partition(" ")

@@ -35,6 +35,7 @@ class Outstanding:
     keys: ShardKeys
     job_id: str
     sent: bool = False  # False between claim and the stream write
+    expired: bool = False  # the lease ran out; the client has not answered for it yet
 
 
 class ConsumeStream:
@@ -79,6 +80,12 @@ class ConsumeStream:
     def credit_back(self, nonce: str) -> None:
         if self.outstanding.pop(nonce, None) is not None:
             self.wake.set()
+
+    def lease_expired(self, nonce: str) -> None:
+        """The lease ran out: the slot stays taken until the client answers for it."""
+        o = self.outstanding.get(nonce)
+        if o is not None:
+            o.expired = True
 
     def given_back(self, nonce: str) -> None:
         """A delivery the client released unstarted. Its credit returns after a
@@ -224,7 +231,8 @@ class ConsumeStream:
         or a lease dropped by TTL expiry): one pipelined read per shard."""
         by_shard: dict[ShardKeys, list[LeaseRef]] = defaultdict(list)
         for nonce, o in self.outstanding.items():
-            by_shard[o.keys].append(LeaseRef(o.job_id, nonce))
+            if not o.expired:  # those wait for the client (Dispatcher.on_reaped)
+                by_shard[o.keys].append(LeaseRef(o.job_id, nonce))
         for keys, leases in by_shard.items():
             held = await self._d.store.held(keys, leases)
             for lease, ok in zip(leases, held, strict=True):
