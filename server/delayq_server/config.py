@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import NoReturn
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from delayq_server.durations import parse_ms
 
@@ -140,6 +140,25 @@ class _Parser(argparse.ArgumentParser):
         fail(message)
 
 
+def _check_redis_url(url: str) -> None:
+    """Refuses what redis-py would only trip over at the first command. Messages
+    name the scheme or parameter, never the URL: it may carry a password."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster"):
+        raise ConfigError(
+            f"--redis-url: scheme {parts.scheme + '://'!r} is not redis://, rediss://, "
+            "unix:// or redis+cluster://"
+        )
+    # On a plaintext URL redis-py hands ssl_* to a plain connection: a TypeError
+    # traceback instead of a refusal (docs/decisions.md, "rediss:// URLs").
+    tls = {name for name, _ in parse_qsl(parts.query) if name.startswith("ssl_")}
+    if tls and not parts.scheme.startswith("rediss"):
+        raise ConfigError(
+            f"--redis-url: {', '.join(sorted(tls))} is a TLS setting: use rediss:// "
+            f"(or rediss+cluster://), {parts.scheme}:// is plaintext"
+        )
+
+
 def fail(message: str) -> NoReturn:
     """One line on stderr and exit status 2: how every start-up refusal looks."""
     sys.stderr.write(f"delayq-server: error: {message}\n")
@@ -203,12 +222,7 @@ def check(cfg: Config) -> None:
     if cfg.log_level.upper() not in _LOG_LEVELS:
         raise ConfigError(f"--log-level: must be one of {', '.join(_LOG_LEVELS)}")
     if cfg.redis_url is not None:
-        scheme = urlsplit(cfg.redis_url).scheme
-        if scheme not in ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster"):
-            raise ConfigError(
-                f"--redis-url: {cfg.redis_url!r} is not a redis://, rediss://, unix:// or "
-                "redis+cluster:// URL"
-            )
+        _check_redis_url(cfg.redis_url)
     host, sep, port = cfg.listen.rpartition(":")
     if not sep or not host or not port.isdigit() or int(port) > 65535:
         raise ConfigError(f"--listen: {cfg.listen!r} is not host:port (port 0 picks one)")
