@@ -144,6 +144,7 @@ class App:
             on_subscribed=self._resync,
             on_keep=self.dispatcher.on_keep_nonces,
             on_expired=self.dispatcher.on_expired_nonces,
+            on_answered=self.dispatcher.on_answered,
         )
         self.health = health_aio.HealthServicer()
         self.telemetry = telemetry.setup(cfg.otel)

@@ -194,6 +194,29 @@ class Dispatcher:
                     server_channel(server_id), f"{kind} " + " ".join(nonces)
                 )
 
+    async def answered(self, tokens: list[LeaseToken]) -> None:
+        """The client answered (late) for deliveries whose lease ran out: their
+        stream slots free (see on_reaped). Job ids travel along so a token forged
+        from a real nonce and another job's id frees nothing."""
+        remote: dict[str, list[str]] = defaultdict(list)
+        local: list[str] = []
+        for t in tokens:
+            item = f"{t.nonce}|{t.job_id}"
+            (local if t.server_id == self.server_id else remote[t.server_id]).append(item)
+        self.on_answered(local)
+        for server_id, items in remote.items():
+            with contextlib.suppress(Exception):
+                await self.store.redis.publish(
+                    server_channel(server_id), "answered " + " ".join(items)
+                )
+
+    def on_answered(self, items: list[str]) -> None:
+        for item in items:
+            nonce, _, job_id = item.partition("|")
+            stream = self._stream_of(nonce)
+            if stream is not None:
+                stream.answered(nonce, job_id)
+
     def on_expired_nonces(self, nonces: list[str]) -> None:
         """Leases of our streams that ran out (another replica's reaper may tell us)."""
         for nonce in nonces:
@@ -205,7 +228,7 @@ class Dispatcher:
         """A lease that ran out gives its stream NO credit back: the client is slow,
         stuck or frozen, and handing it more work (the same job, even) would use up
         attempts no handler gets to try. The slot frees when the client answers
-        for that delivery (an Ack, Nack, Release or ExtendLease, even a stale one)."""
+        for that delivery (an Ack, Nack or ExtendLease, even a stale one: answered)."""
         tokens = [LeaseToken(keys, lease.job_id, lease.nonce) for lease in leases if lease.nonce]
         task = asyncio.create_task(self._route(tokens, "expired", self.on_expired_nonces))
         self._background.add(task)

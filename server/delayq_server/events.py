@@ -88,6 +88,7 @@ class PubSubListener:
         on_subscribed: Callable[[], None] = lambda: None,
         on_keep: Callable[[list[str]], None] = lambda nonces: None,
         on_expired: Callable[[list[str]], None] = lambda nonces: None,
+        on_answered: Callable[[list[str]], None] = lambda items: None,
     ) -> None:
         self._client = client
         self._hub = hub
@@ -95,6 +96,7 @@ class PubSubListener:
         self._on_credit = on_credit
         self._on_keep = on_keep
         self._on_expired = on_expired
+        self._on_answered = on_answered
         self._on_subscribed = on_subscribed
         self._task: asyncio.Task[None] | None = None
         self.ready = asyncio.Event()
@@ -158,6 +160,8 @@ class PubSubListener:
                 self._on_keep(rest.split())
             elif kind == "expired":
                 self._on_expired(rest.split())
+            elif kind == "answered":
+                self._on_answered(rest.split())
             return
         prefix, _, rest = text.partition(" ")
         kind, _, detail = rest.partition(" ")

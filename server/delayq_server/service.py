@@ -292,10 +292,14 @@ class DelayQueueService(ReleaseServicer, service_pb2_grpc.DelayQueueServiceServi
                 codes[i] = code
 
         await asyncio.gather(*(run(k, v) for k, v in by_shard.items()))
-        # Every answered delivery frees its stream's slot, a stale or unknown one
-        # too: the client is done with it (Dispatcher.on_reaped keeps the slot of
-        # a lease that ran out until then).
-        await self._dispatcher.credit(tokens)
+        await self._dispatcher.credit(
+            [t for t, c in zip(tokens, codes, strict=True) if c == AckOutcome.ACKED]
+        )
+        # A late answer for a lease that ran out frees the slot its stream kept
+        # (Dispatcher.on_reaped); the job id must match, so forged tokens free nothing.
+        await self._dispatcher.answered(
+            [t for t, c in zip(tokens, codes, strict=True) if c != AckOutcome.ACKED]
+        )
         if self._tel.enabled:
             self._tel.on_acked([_ACK_NAME[c] for c in codes])
         return service_pb2.AckResponse(results=[_ACK_RESULT[c] for c in codes])
@@ -315,7 +319,7 @@ class DelayQueueService(ReleaseServicer, service_pb2_grpc.DelayQueueServiceServi
                 reason=request.reason,
             )
         except (StaleLease, UnknownJob):
-            await self._dispatcher.credit([token])  # answered, even if stale: slot free
+            await self._dispatcher.answered([token])  # a late answer: see Ack
             raise
         await self._dispatcher.credit([token])
         resp = service_pb2.NackResponse(state=int(outcome.state))  # type: ignore[arg-type]
@@ -332,7 +336,7 @@ class DelayQueueService(ReleaseServicer, service_pb2_grpc.DelayQueueServiceServi
         try:
             deadline = await self._store.extend(token.keys, token.ref, ext)
         except (StaleLease, UnknownJob):
-            await self._dispatcher.credit([token])  # the client learns it lost the lease
+            await self._dispatcher.answered([token])  # the client learns it lost the lease
             raise
         # A closed stream in its release grace must not release an extended lease.
         await self._dispatcher.keep([token])

@@ -87,6 +87,13 @@ class ConsumeStream:
         if o is not None:
             o.expired = True
 
+    def answered(self, nonce: str, job_id: str) -> None:
+        """The client answered, late, for a delivery whose lease ran out."""
+        o = self.outstanding.get(nonce)
+        if o is not None and o.expired and o.job_id == job_id:
+            del self.outstanding[nonce]
+            self.wake.set()
+
     def given_back(self, nonce: str) -> None:
         """A delivery the client released unstarted. Its credit returns after a
         short cooldown: a client gives back mostly as its stream closes, and a

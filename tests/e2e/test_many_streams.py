@@ -139,7 +139,8 @@ async def test_2000_streams_share_a_burst_fairly(own_redis: ManagedRedis) -> Non
     """2,000 streams over two replicas (one grpc.aio process serves about 1,800
     concurrent streams on this machine: docs/decisions.md, wake-ups)."""
     per_replica, jobs = 1000, 6000
-    with DelayqProcess(own_redis.url) as a, DelayqProcess(own_redis.url) as b:
+    args = ["--quota-streams", "0"]  # the namespace default allows 1,000 streams
+    with DelayqProcess(own_redis.url, args) as a, DelayqProcess(own_redis.url, args) as b:
         async with (
             grpc.aio.insecure_channel(a.address) as ch,
             _open(a.address, "burst", per_replica) as on_a,
