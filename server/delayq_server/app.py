@@ -17,7 +17,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from delayq.v1 import service_pb2, service_pb2_grpc
-from delayq_server import events, telemetry
+from delayq_server import clock, events, telemetry
 from delayq_server.config import Config
 from delayq_server.dispatcher import Dispatcher
 from delayq_server.service import DelayQueueService
@@ -50,6 +50,9 @@ class App:
     def __init__(self, cfg: Config, redis_url: str) -> None:
         self.cfg = cfg
         self.server_id = os.urandom(4).hex()
+        if cfg.clock_skew_ms:
+            log.warning("local clock skewed by %d ms (test setting)", cfg.clock_skew_ms)
+        clock.set_skew_ms(cfg.clock_skew_ms)
         # A command that fails on a dropped connection (Redis restarted, failover)
         # is retried a few times on a fresh one. Scripts are conditional, so a
         # repeat after a lost reply is at worst an extra delivery: at-least-once.

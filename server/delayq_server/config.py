@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from delayq_server.durations import parse_ms
+from delayq_server.durations import parse_ms, parse_signed_ms
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,11 +28,12 @@ class Config:
     bucket_width_ms: int = 1_000
     grace_ms: int = 10_000
     log_level: str = "INFO"
+    clock_skew_ms: int = 0  # test only: shifts the local wall clock (docs/chaos.md)
     otel: bool = False  # export traces/metrics over OTLP (OTEL_EXPORTER_OTLP_* env)
 
 
 # flag name -> (env var, parser, help)
-_FLAGS: dict[str, tuple[str, type | None, str]] = {
+_FLAGS: dict[str, tuple[str, Callable[[str], object] | None, str]] = {
     "redis_url": ("DELAYQ_REDIS_URL", str, "Redis URL; unset starts a managed redis-server"),
     "listen": ("DELAYQ_LISTEN", str, "gRPC listen address host:port (port 0 = any)"),
     "data_dir": ("DELAYQ_DATA_DIR", str, "data directory of the managed redis-server"),
@@ -49,10 +50,15 @@ _FLAGS: dict[str, tuple[str, type | None, str]] = {
     "bucket_width_ms": ("DELAYQ_BUCKET_WIDTH", None, "backlog time-bucket width"),
     "grace_ms": ("DELAYQ_GRACE", None, "shutdown grace period"),
     "log_level": ("DELAYQ_LOG_LEVEL", str, "logging level"),
+    "clock_skew_ms": (
+        "DELAYQ_CLOCK_SKEW",
+        parse_signed_ms,
+        "test only: skew the local wall clock, e.g. --clock-skew=-5m",
+    ),
 }
 
 
-def _convert(kind: type | None, value: str) -> object:
+def _convert(kind: Callable[[str], object] | None, value: str) -> object:
     if kind is None:  # a duration
         return parse_ms(value)
     return kind(value)
