@@ -68,7 +68,9 @@ class Report:
     @property
     def failed(self) -> list[str]:
         return [
-            k for k in INVARIANTS if self.counts[k] and k not in self.tolerated and k not in self.known
+            k
+            for k in INVARIANTS
+            if self.counts[k] and k not in self.tolerated and k not in self.known
         ]
 
     def summary(self, limit: int = 10) -> str:
@@ -185,11 +187,17 @@ def check(
                         f"delivered (attempt {d.attempt}, token {d.token}) at {_at(d):.0f}, "
                         f"after a successful {what} returned at {when:.0f}",
                     )
-        _check_redeliveries(rep, job, ds, nacks, ends, sorted(any_end), enqueues.get(job_key.get(job, "")))
+        _check_redeliveries(
+            rep, job, ds, nacks, ends, sorted(any_end), enqueues.get(job_key.get(job, ""))
+        )
 
     for key, jobs in key_jobs.items():
         if len(jobs) > 1:
-            rep.add("unexplained", ",".join(sorted(jobs)), f"one enqueue ({key}) stored {len(jobs)} jobs")
+            rep.add(
+                "unexplained",
+                ",".join(sorted(jobs)),
+                f"one enqueue ({key}) stored {len(jobs)} jobs",
+            )
     _check_lost(rep, enqueues, deliveries, acks, deletes, acked_at, deleted_at, finals)
     rep.info["enqueued_ok"] = sum(1 for e in enqueues.values() if e.outcome == OK)
     rep.info["enqueue_unknown"] = sum(1 for e in enqueues.values() if e.outcome == INFO)
@@ -221,7 +229,9 @@ def _check_payload_and_early(
                 rep.add("payload", job, f"payload names {d.key!r}, enqueued as {job_key[job]!r}")
             enq = enqueues.get(d.key)
             if d.claim is not None and d.due is not None and d.claim < d.due:
-                rep.add("early", job, f"server claimed it at {d.claim}, before its due time {d.due}")
+                rep.add(
+                    "early", job, f"server claimed it at {d.claim}, before its due time {d.due}"
+                )
             elif d.due is not None and d.t < d.due:
                 rep.add("early", job, f"received at {d.t:.0f}, before its due time {d.due}")
             elif enq and enq.invoke.want_due is not None and d.t < enq.invoke.want_due:
@@ -254,7 +264,9 @@ def _check_acks(
             if d is None:
                 continue
             later = [
-                o for o in deliveries[job] if o.token != token and _at(o) > _at(d) and _at(o) < inv.t
+                o
+                for o in deliveries[job]
+                if o.token != token and _at(o) > _at(d) and _at(o) < inv.t
             ]
             if later:
                 rep.add(
@@ -358,7 +370,9 @@ def _check_lost(
         if final == "NOT_FOUND" and ack_unsure:
             continue  # an ack or delete whose reply was lost did take effect
         seen = f"delivered {len(ds)} time(s)" if ds else "never delivered"
-        rep.add("lost", job, f"enqueue {key} acknowledged; {seen}; final state {final or 'unknown'}")
+        rep.add(
+            "lost", job, f"enqueue {key} acknowledged; {seen}; final state {final or 'unknown'}"
+        )
 
 
 _COLUMNS = (

@@ -49,7 +49,9 @@ def dur(ms: int) -> duration_pb2.Duration:
     return duration_pb2.Duration(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
 
 
-def wait_for(what: str, predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> None:
+def wait_for(
+    what: str, predicate: Callable[[], bool], timeout: float, interval: float = 0.05
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
@@ -91,7 +93,10 @@ class Producer(threading.Thread):
         key = f"{self.name}-{self.n}"
         delay = self.rng.randint(0, self.cluster.max_delay_ms)
         req = service_pb2.EnqueueRequest(
-            namespace=NAMESPACE, queue=QUEUE, payload=payload.make(key), max_attempts=self.cluster.max_attempts
+            namespace=NAMESPACE,
+            queue=QUEUE,
+            payload=payload.make(key),
+            max_attempts=self.cluster.max_attempts,
         )
         op = self.rec.next_op_id()
         start = now_ms()
@@ -160,7 +165,8 @@ class Cluster:
     def start_load(self) -> None:
         per = self.rate / self.n_producers
         self.producers = [
-            Producer(self, f"producer-{i}", per, self.seed * 100 + i) for i in range(self.n_producers)
+            Producer(self, f"producer-{i}", per, self.seed * 100 + i)
+            for i in range(self.n_producers)
         ]
         for p in self.producers:
             p.start()
@@ -192,18 +198,19 @@ class Cluster:
 
     def _spawn_worker(self, i: int) -> subprocess.Popen[bytes]:
         targets = ",".join(s.address for s in self.servers)
+        cmd = [
+            sys.executable, "-m", "tests.chaos.worker",
+            "--name", f"worker-{i}",
+            "--history", str(self.history_dir / f"worker-{i}.jsonl"),
+            "--targets", targets, "--first", str(i),
+            "--namespace", NAMESPACE, "--queue", QUEUE,
+            "--lease-ms", str(self.lease_ms), "--hold-ms", str(self.hold_ms),
+            "--seed", str(self.seed * 1000 + i),
+        ]  # fmt: skip
         log = open(self.workdir / f"worker-{i}.log", "ab")  # noqa: SIM115 (the child owns it)
         try:
             return subprocess.Popen(
-                [
-                    sys.executable, "-m", "tests.chaos.worker",
-                    "--name", f"worker-{i}",
-                    "--history", str(self.history_dir / f"worker-{i}.jsonl"),
-                    "--targets", targets, "--first", str(i),
-                    "--namespace", NAMESPACE, "--queue", QUEUE,
-                    "--lease-ms", str(self.lease_ms), "--hold-ms", str(self.hold_ms),
-                    "--seed", str(self.seed * 1000 + i),
-                ],  # fmt: skip
+                cmd,
                 cwd=ROOT,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -352,7 +359,7 @@ class Cluster:
                     )
                     state = job_pb2.JobState.Name(resp.job.state).removeprefix("JOB_STATE_")
                 except grpc.RpcError as err:
-                    if err.code() != grpc.StatusCode.NOT_FOUND:  # type: ignore[attr-defined]
+                    if err.code() != grpc.StatusCode.NOT_FOUND:
                         raise
                     state = "NOT_FOUND"
                 rec.record(OK, "final", job=job, result=state)
@@ -371,12 +378,11 @@ class Cluster:
                 reqs = []
                 for op, key in zip(ops, keys, strict=True):
                     rec.record(INVOKE, "enqueue", op=op, key=key, want_due=float(int(due_ms)))
-                    reqs.append(
-                        service_pb2.EnqueueRequest(
-                            namespace=NAMESPACE, queue=QUEUE, payload=payload.make(key),
-                            due_time=ts(due_ms), max_attempts=self.max_attempts,
-                        )  # fmt: skip
-                    )
+                    req = service_pb2.EnqueueRequest(
+                        namespace=NAMESPACE, queue=QUEUE, payload=payload.make(key),
+                        due_time=ts(due_ms), max_attempts=self.max_attempts,
+                    )  # fmt: skip
+                    reqs.append(req)
                 try:
                     resp = stub.EnqueueBatch(
                         service_pb2.EnqueueBatchRequest(requests=reqs), timeout=60
@@ -394,6 +400,8 @@ class Cluster:
                     else:
                         ok += 1
                         r = res.response
-                        rec.record(OK, "enqueue", op=op, key=key, job=r.job_id, due=ts_ms(r.due_time))
+                        rec.record(
+                            OK, "enqueue", op=op, key=key, job=r.job_id, due=ts_ms(r.due_time)
+                        )
         rec.close()
         return ok

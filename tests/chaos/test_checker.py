@@ -15,7 +15,9 @@ class H:
         self.ops: list[Op] = []
         self.n = 0
 
-    def _pair(self, process: str, f: str, t: float, t_done: float | None, outcome: str, **kw: object) -> None:
+    def _pair(
+        self, process: str, f: str, t: float, t_done: float | None, outcome: str, **kw: object
+    ) -> None:
         self.n += 1
         op = f"{process}:{self.n}"
         inv_kw = {k: v for k, v in kw.items() if k not in ("job", "result") or f != "enqueue"}
@@ -25,11 +27,43 @@ class H:
         if t_done is not None:
             self.ops.append(Op(process, outcome, f, t_done, op=op, **kw))  # type: ignore[arg-type]
 
-    def enqueue(self, key: str, job: str, t: float = 0, *, outcome: str = "ok", want_due: float | None = None, done: bool = True) -> H:
-        self._pair("p", "enqueue", t, t + 1 if done else None, outcome, key=key, job=job if outcome == "ok" else "", want_due=want_due)
+    def enqueue(
+        self,
+        key: str,
+        job: str,
+        t: float = 0,
+        *,
+        outcome: str = "ok",
+        want_due: float | None = None,
+        done: bool = True,
+    ) -> H:
+        self._pair(
+            "p",
+            "enqueue",
+            t,
+            t + 1 if done else None,
+            outcome,
+            key=key,
+            job=job if outcome == "ok" else "",
+            want_due=want_due,
+        )
         return self
 
-    def deliver(self, job: str, attempt: int, t: float, *, key: str = "", token: str = "", due: int = 0, claim: int | None = None, lease: int = 1000, process: str = "w1", payload_ok: bool = True, max_attempts: int = 5) -> H:
+    def deliver(
+        self,
+        job: str,
+        attempt: int,
+        t: float,
+        *,
+        key: str = "",
+        token: str = "",
+        due: int = 0,
+        claim: int | None = None,
+        lease: int = 1000,
+        process: str = "w1",
+        payload_ok: bool = True,
+        max_attempts: int = 5,
+    ) -> H:
         claim = int(t) if claim is None else claim
         self.ops.append(
             Op(process, "ok", "deliver", t, key=key or f"k{job}", job=job, due=due, claim=claim, deadline=claim + lease,
@@ -37,8 +71,25 @@ class H:
         )  # fmt: skip
         return self
 
-    def ack(self, token: str, t: float, *, result: str = "ACKED", outcome: str = "ok", took: float = 1, process: str = "w1") -> H:
-        self._pair(process, "ack", t, t + took, outcome, token=token, result=result if outcome == "ok" else "")
+    def ack(
+        self,
+        token: str,
+        t: float,
+        *,
+        result: str = "ACKED",
+        outcome: str = "ok",
+        took: float = 1,
+        process: str = "w1",
+    ) -> H:
+        self._pair(
+            process,
+            "ack",
+            t,
+            t + took,
+            outcome,
+            token=token,
+            result=result if outcome == "ok" else "",
+        )
         return self
 
     def nack(self, token: str, t: float, process: str = "w1") -> H:
@@ -67,7 +118,9 @@ def clean() -> H:
     h = H().enqueue("ka", "a", 0, want_due=50).enqueue("kb", "b", 0).enqueue("kc", "c", 0)
     h.deliver("a", 1, 100, due=50).ack("a.1", 110)
     h.deliver("b", 1, 100).nack("b.1", 105).deliver("b", 2, 300).ack("b.2", 310)
-    h.deliver("c", 1, 100, lease=1000).deliver("c", 2, 1100, process="w2").ack("c.1", 1200, result="STALE").ack("c.2", 1201, process="w2")
+    h.deliver("c", 1, 100, lease=1000).deliver("c", 2, 1100, process="w2").ack(
+        "c.1", 1200, result="STALE"
+    ).ack("c.2", 1201, process="w2")
     return h
 
 
@@ -80,7 +133,9 @@ def test_a_clean_history_passes() -> None:
     rep = check(clean().ops, name="clean")
     assert rep.failed == [], rep.summary()
     assert all(v == 0 for v in rep.counts.values())
-    assert rep.info["acked"] == 3 and rep.info["stale_refused"] == 1 and rep.info["redeliveries"] == 2
+    assert (
+        rep.info["acked"] == 3 and rep.info["stale_refused"] == 1 and rep.info["redeliveries"] == 2
+    )
 
 
 def test_lost_acknowledged_enqueue() -> None:
@@ -100,12 +155,23 @@ def test_settled_jobs_are_not_lost(state: str) -> None:
 
 
 def test_gone_job_with_an_unsure_ack_is_not_lost() -> None:
-    h = H().enqueue("kd", "d").deliver("d", 1, 10).ack("d.1", 20, outcome="info").final("d", "NOT_FOUND")
+    h = (
+        H()
+        .enqueue("kd", "d")
+        .deliver("d", 1, 10)
+        .ack("d.1", 20, outcome="info")
+        .final("d", "NOT_FOUND")
+    )
     assert check(h.ops).failed == []
 
 
 def test_unknown_or_failed_enqueues_need_not_arrive() -> None:
-    h = H().enqueue("kx", "", outcome="info").enqueue("ky", "", outcome="fail").enqueue("kz", "", done=False)
+    h = (
+        H()
+        .enqueue("kx", "", outcome="info")
+        .enqueue("ky", "", outcome="fail")
+        .enqueue("kz", "", done=False)
+    )
     rep = check(h.ops)
     assert rep.failed == [] and rep.info["enqueue_unknown"] == 2
 
@@ -114,12 +180,17 @@ def test_unknown_or_failed_enqueues_need_not_arrive() -> None:
     ("kw", "want_due", "text"),
     [
         ({"due": 200, "claim": 150}, None, "server claimed it at 150"),
-        ({"due": 200, "claim": 200}, None, "received at 100"),  # the server lies about its claim time
+        (
+            {"due": 200, "claim": 200},
+            None,
+            "received at 100",
+        ),  # the server lies about its claim time
         ({"due": 0}, 500, "producer's due time 500"),
     ],
 )
 def test_early(kw: dict[str, int], want_due: float | None, text: str) -> None:
-    h = H().enqueue("kd", "d", want_due=want_due).deliver("d", 1, 100, key="kd", **kw).ack("d.1", 600)
+    h = H().enqueue("kd", "d", want_due=want_due)
+    h.deliver("d", 1, 100, key="kd", due=kw["due"], claim=kw.get("claim")).ack("d.1", 600)
     rep = check(h.ops)
     zero_except(rep.counts, "early")
     assert text in str(rep.violations[0])
@@ -150,7 +221,13 @@ def test_ack_accepted_after_nack() -> None:
 
 
 def test_unexplained_redelivery() -> None:
-    h = H().enqueue("kd", "d").deliver("d", 1, 100, lease=1000).deliver("d", 2, 300, process="w2").ack("d.2", 310, process="w2")
+    h = (
+        H()
+        .enqueue("kd", "d")
+        .deliver("d", 1, 100, lease=1000)
+        .deliver("d", 2, 300, process="w2")
+        .ack("d.2", 310, process="w2")
+    )
     rep = check(h.ops)
     zero_except(rep.counts, "unexplained")
     assert "had its lease until 1100" in str(rep.violations[0])
@@ -188,7 +265,13 @@ def test_one_enqueue_storing_two_jobs() -> None:
 
 
 def test_attempt_repeated() -> None:
-    h = H().enqueue("kd", "d").deliver("d", 1, 100, lease=10).deliver("d", 1, 300, token="d.1b", process="w2").ack("d.1b", 310)
+    h = (
+        H()
+        .enqueue("kd", "d")
+        .deliver("d", 1, 100, lease=10)
+        .deliver("d", 1, 300, token="d.1b", process="w2")
+        .ack("d.1b", 310)
+    )
     rep = check(h.ops)
     zero_except(rep.counts, "attempts")
 
@@ -201,7 +284,13 @@ def test_attempt_skipped_without_a_stream_end() -> None:
 
 
 def test_attempt_beyond_max() -> None:
-    h = H().enqueue("kd", "d").deliver("d", 1, 100, lease=10, max_attempts=1).deliver("d", 2, 300, max_attempts=1).ack("d.2", 310)
+    h = (
+        H()
+        .enqueue("kd", "d")
+        .deliver("d", 1, 100, lease=10, max_attempts=1)
+        .deliver("d", 2, 300, max_attempts=1)
+        .ack("d.2", 310)
+    )
     assert check(h.ops).counts["attempts"] == 1
 
 

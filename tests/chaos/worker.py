@@ -53,7 +53,9 @@ class Worker:
         """Nack a fixed share of first attempts (chosen by key, so reruns agree)."""
         return attempt == 1 and zlib.crc32(key.encode()) % 1000 < self.args.nack_rate * 1000
 
-    async def handle(self, stub: service_pb2_grpc.DelayQueueServiceStub, d: job_pb2.Delivery) -> None:
+    async def handle(
+        self, stub: service_pb2_grpc.DelayQueueServiceAsyncStub, d: job_pb2.Delivery
+    ) -> None:
         key, _ok = payload.verify(d.job.payload)
         if self.args.hold_ms:
             await asyncio.sleep(self.rng.uniform(0, self.args.hold_ms) / 1000)  # the "work"
@@ -62,7 +64,9 @@ class Worker:
             self.rec.record(INVOKE, "nack", op=op, job=d.job.id, token=d.lease_token)
             try:
                 resp = await stub.Nack(
-                    service_pb2.NackRequest(lease_token=d.lease_token, delay=dur(100), reason="chaos"),
+                    service_pb2.NackRequest(
+                        lease_token=d.lease_token, delay=dur(100), reason="chaos"
+                    ),
                     timeout=CALL_TIMEOUT_S,
                 )
                 state = job_pb2.JobState.Name(resp.state)
@@ -73,7 +77,7 @@ class Worker:
             return
         await self.acks.put(d.lease_token)
 
-    async def ack_loop(self, stub: service_pb2_grpc.DelayQueueServiceStub) -> None:
+    async def ack_loop(self, stub: service_pb2_grpc.DelayQueueServiceAsyncStub) -> None:
         while True:
             tokens = [await self.acks.get()]
             while len(tokens) < ACK_BATCH and not self.acks.empty():
@@ -82,7 +86,9 @@ class Worker:
             for op, tok in zip(ops, tokens, strict=True):
                 self.rec.record(INVOKE, "ack", op=op, token=tok)
             try:
-                resp = await stub.Ack(service_pb2.AckRequest(lease_tokens=tokens), timeout=CALL_TIMEOUT_S)
+                resp = await stub.Ack(
+                    service_pb2.AckRequest(lease_tokens=tokens), timeout=CALL_TIMEOUT_S
+                )
                 for op, tok, res in zip(ops, tokens, resp.results, strict=True):
                     name = service_pb2.AckResult.Name(res).removeprefix("ACK_RESULT_")
                     self.rec.record(OK, "ack", op=op, token=tok, result=name)
