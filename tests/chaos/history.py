@@ -83,7 +83,8 @@ class Recorder:
     def next_op_id(self) -> str:
         with self._lock:
             self._seq += 1
-            return f"{self.process}:{self._seq}"
+            # The pid tells a restarted process's ops from its predecessor's.
+            return f"{self.process}:{os.getpid()}:{self._seq}"
 
     def record(self, type_: str, f: str, **kw: Any) -> Op:
         op = Op(process=self.process, type=type_, f=f, t=now_ms(), **kw)

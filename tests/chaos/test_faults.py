@@ -19,6 +19,7 @@ SEED = 8
 def test_fault_keeps_every_promise(fault: faults.Fault, tmp_path: Path) -> None:
     rep = faults.run(fault, tmp_path, seed=SEED)
     print(rep.summary())  # the table, with -s or on failure
+    print(f"history: {tmp_path / 'history'}")
     assert rep.info["drained"], (
         "jobs were still pending when the drain deadline passed\n" + rep.summary()
     )
