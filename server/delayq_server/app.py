@@ -19,6 +19,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from delayq.v1 import service_pb2, service_pb2_grpc
 from delayq_server import clock, events, telemetry
 from delayq_server.config import Config
+from delayq_server.decode_guard import DecodeGuard
 from delayq_server.dispatcher import Dispatcher
 from delayq_server.service import DelayQueueService
 from delayq_server.store import Store
@@ -95,7 +96,9 @@ class App:
         self.health = health_aio.HealthServicer()
         self.telemetry = telemetry.setup(cfg.otel)
         self.server = grpc.aio.server(
-            options=SERVER_OPTIONS, interceptors=self.telemetry.interceptors()
+            options=SERVER_OPTIONS,
+            # The decode guard comes first so later interceptors see decoded requests.
+            interceptors=[DecodeGuard(), *self.telemetry.interceptors()],
         )
         self.port = 0
 

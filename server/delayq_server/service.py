@@ -93,16 +93,16 @@ class DelayQueueService(service_pb2_grpc.DelayQueueServiceServicer):
             return shard, dataclasses.replace(inp.spec, job_id=job_id, headers=headers)
         return shard, dataclasses.replace(inp.spec, job_id=job_id)
 
-    async def _ttl_refusals(
+    async def _clock_refusals(
         self, inputs: list[validation.EnqueueInput], batch_indexes: list[int] | None = None
     ) -> list[InvalidArgument | None]:
-        """TTL must outlast an absolute due time too; that needs the Redis clock,
-        read once for the whole call and only when some job needs it."""
-        if not any(i.spec.due_at_ms is not None and i.spec.ttl_ms for i in inputs):
+        """An absolute due time is bounded by the Redis clock (366-day horizon, TTL);
+        the clock is read once for the whole call and only when some job needs it."""
+        if not any(i.spec.due_at_ms is not None for i in inputs):
             return [None] * len(inputs)
         now = await self._store.time_ms()
         return [
-            validation.ttl_vs_due(
+            validation.due_vs_now(
                 inp.spec, now, "" if batch_indexes is None else f"requests[{batch_indexes[k]}]."
             )
             for k, inp in enumerate(inputs)
@@ -110,27 +110,44 @@ class DelayQueueService(service_pb2_grpc.DelayQueueServiceServicer):
 
     async def _store_jobs(
         self, inputs: list[validation.EnqueueInput], context: Ctx
-    ) -> list[service_pb2.EnqueueResponse]:
-        """Stores validated jobs with one script call per shard, in input order."""
+    ) -> list[service_pb2.EnqueueResponse | Exception]:
+        """Stores validated jobs with one script call per shard, in input order.
+
+        Each item gets its response or the exception that stopped it: a queue
+        that cannot be looked up or a shard whose script fails answers for its
+        own items only, so a batch caller always knows which jobs were stored.
+        """
         # The caller's trace continues in the consumer through the job's headers.
         trace_headers = self._tel.trace_headers(context)
+        out: list[service_pb2.EnqueueResponse | Exception | None] = [None] * len(inputs)
         groups: dict[ShardKeys, list[tuple[int, JobSpec]]] = defaultdict(list)
-        counts: dict[tuple[str, str], int] = {}
+        counts: dict[tuple[str, str], int | Exception] = {}
         for index, inp in enumerate(inputs):
             shards = counts.get((inp.namespace, inp.queue))
             if shards is None:
-                shards = await self._shards(inp.namespace, inp.queue, create=True)
+                try:
+                    shards = await self._shards(inp.namespace, inp.queue, create=True)
+                except Exception as exc:  # answered per item below
+                    shards = exc
                 counts[(inp.namespace, inp.queue)] = shards
+            if isinstance(shards, Exception):
+                out[index] = shards
+                continue
             shard, spec = self._spec(inp, shards, trace_headers)
             groups[ShardKeys(inp.namespace, inp.queue, shard)].append((index, spec))
-        out: list[service_pb2.EnqueueResponse | None] = [None] * len(inputs)
 
         async def run(keys: ShardKeys, items: list[tuple[int, JobSpec]]) -> None:
-            results, _ = await self._store.enqueue(keys, [s for _, s in items])
+            try:
+                results, _ = await self._store.enqueue(keys, [s for _, s in items])
+            except Exception as exc:
+                for index, _ in items:
+                    out[index] = exc
+                return
             for (index, _), r in zip(items, results, strict=True):
-                out[index] = service_pb2.EnqueueResponse(
-                    job_id=r.job_id, due_time=convert.ts(r.due_ms), duplicate=r.duplicate
-                )
+                resp = service_pb2.EnqueueResponse(job_id=r.job_id, duplicate=r.duplicate)
+                if r.due_ms >= 0:  # unknown for a duplicate whose job and record are gone
+                    resp.due_time.CopyFrom(convert.ts(r.due_ms))
+                out[index] = resp
             self._tel.enqueued.add(
                 sum(1 for r in results if not r.duplicate), {"delayq.queue": keys.queue}
             )
@@ -148,10 +165,12 @@ class DelayQueueService(service_pb2_grpc.DelayQueueServiceServicer):
         self, request: service_pb2.EnqueueRequest, context: Ctx
     ) -> service_pb2.EnqueueResponse:
         inp = validation.enqueue(request, self._cfg)
-        (refused,) = await self._ttl_refusals([inp])
+        (refused,) = await self._clock_refusals([inp])
         if refused is not None:
             raise refused
         (resp,) = await self._store_jobs([inp], context)
+        if isinstance(resp, Exception):
+            raise resp
         return resp
 
     @errors.unary
@@ -166,10 +185,11 @@ class DelayQueueService(service_pb2_grpc.DelayQueueServiceServicer):
         for i, req in enumerate(request.requests):
             try:
                 valid.append((i, validation.enqueue(req, self._cfg, prefix=f"requests[{i}].")))
-            except errors.DelayqError as exc:
-                results[i].error.code = exc.code.value[0]
-                results[i].error.message = exc.message
-        refusals = await self._ttl_refusals([inp for _, inp in valid], [i for i, _ in valid])
+            except Exception as exc:  # one bad item never fails the batch
+                code, message = errors.to_status(exc)
+                results[i].error.code = code.value[0]
+                results[i].error.message = message
+        refusals = await self._clock_refusals([inp for _, inp in valid], [i for i, _ in valid])
         for (i, _), refused in zip(valid, refusals, strict=True):
             if refused is not None:
                 results[i].error.code = refused.code.value[0]
@@ -177,8 +197,16 @@ class DelayQueueService(service_pb2_grpc.DelayQueueServiceServicer):
         valid = [v for v, refused in zip(valid, refusals, strict=True) if refused is None]
         if valid:
             stored = await self._store_jobs([inp for _, inp in valid], context)
+            statuses: dict[int, tuple[grpc.StatusCode, str]] = {}  # one log line per failure
             for (i, _), resp in zip(valid, stored, strict=True):
-                results[i].response.CopyFrom(resp)
+                if isinstance(resp, Exception):
+                    if id(resp) not in statuses:
+                        statuses[id(resp)] = errors.to_status(resp)
+                    code, message = statuses[id(resp)]
+                    results[i].error.code = code.value[0]
+                    results[i].error.message = message
+                else:
+                    results[i].response.CopyFrom(resp)
         return service_pb2.EnqueueBatchResponse(results=results)
 
     @errors.streaming
@@ -322,14 +350,8 @@ class DelayQueueService(service_pb2_grpc.DelayQueueServiceServicer):
         ns = validation.namespace(request.namespace)
         queue = validation.name("queue", request.queue)
         size = validation.limit("page_size", request.page_size, default=100, hi=1000)
-        shard, offset = 0, 0
-        if request.page_token:
-            try:
-                a, b = request.page_token.split(":")
-                shard, offset = int(a), int(b)
-            except ValueError:
-                raise InvalidArgument("page_token", "not a token from ListDeadJobs") from None
         shards = await self._shards(ns, queue, create=False)
+        shard, offset = validation.dead_page_token(request.page_token, shards)
         now = await self._store.time_ms()
         resp = service_pb2.ListDeadJobsResponse()
         while shard < shards and len(resp.jobs) < size:

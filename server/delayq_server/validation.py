@@ -18,7 +18,11 @@ from delayq_server.errors import InvalidArgument
 from delayq_server.store import JobSpec
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# One bound for delay and due_time (docs/decisions.md): a job falls due at most
+# 366 days after the server's clock. It also keeps every time a Lua number can
+# hold exactly and bucket keys integral (ms < 2^53, no "b:1e+15").
 MAX_DELAY_MS = 366 * 86_400_000
+MAX_TIMESTAMP_S = 253_402_300_799  # 9999-12-31T23:59:59Z, the Timestamp maximum
 MIN_LEASE_MS, MAX_LEASE_MS = 1_000, 12 * 3_600_000
 MAX_HEADERS, MAX_HEADER_KEY, MAX_HEADER_VALUE = 64, 256, 8192
 MAX_IDEMPOTENCY_KEY = 256
@@ -65,6 +69,10 @@ def timestamp_ms(field: str, t: timestamp_pb2.Timestamp) -> int:
         raise InvalidArgument(field, "nanos must be 0 to 999999999")
     if t.seconds < 0:
         raise InvalidArgument(field, "must be after 1970-01-01")
+    if t.seconds > MAX_TIMESTAMP_S:
+        raise InvalidArgument(
+            field, f"must be at most 366 days after now; {t.seconds} s is past the year 9999"
+        )
     return t.seconds * 1000 + t.nanos // 1_000_000
 
 
@@ -151,9 +159,18 @@ def enqueue(req: service_pb2.EnqueueRequest, cfg: Config, prefix: str = "") -> E
     )
 
 
-def ttl_vs_due(spec: JobSpec, now_ms: int, prefix: str = "") -> InvalidArgument | None:
-    """The refusal for a TTL that ends before an absolute due time, if any."""
-    if spec.due_at_ms is not None and spec.ttl_ms and now_ms + spec.ttl_ms <= spec.due_at_ms:
+def due_vs_now(spec: JobSpec, now_ms: int, prefix: str = "") -> InvalidArgument | None:
+    """The refusal for an absolute due time the clock puts out of bounds, if any:
+    past the 366-day horizon, or after the job's TTL ends."""
+    if spec.due_at_ms is None:
+        return None
+    if spec.due_at_ms > now_ms + MAX_DELAY_MS:
+        days = (spec.due_at_ms - now_ms) / 86_400_000
+        return InvalidArgument(
+            prefix + "due_time",
+            f"must be at most 366 days after now (the server clock), got {days:.1f} days",
+        )
+    if spec.ttl_ms and now_ms + spec.ttl_ms <= spec.due_at_ms:
         return InvalidArgument(
             prefix + "ttl",
             "must be longer than the time until due_time: the job would expire first",
@@ -241,6 +258,22 @@ def extension(req: service_pb2.ExtendLeaseRequest) -> int:
     if not req.HasField("extension"):
         raise InvalidArgument("extension", "required (1 s to 12 h)")
     return duration_ms("extension", req.extension, lo=MIN_LEASE_MS, hi=MAX_LEASE_MS)
+
+
+_PAGE_TOKEN_RE = re.compile(r"^(\d{1,6}):(\d{1,12})$")
+
+
+def dead_page_token(value: str, shards: int) -> tuple[int, int]:
+    """A ListDeadJobs page token ("<shard>:<offset>") checked against the queue;
+    anything else would silently end or restart the paging."""
+    if not value:
+        return 0, 0
+    m = _PAGE_TOKEN_RE.match(value)
+    if m is None or int(m.group(1)) >= shards:
+        raise InvalidArgument(
+            "page_token", "not a token from ListDeadJobs for this queue; start with an empty one"
+        )
+    return int(m.group(1)), int(m.group(2))
 
 
 def limit(field: str, value: int, *, default: int, hi: int) -> int:

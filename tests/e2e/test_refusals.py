@@ -10,7 +10,7 @@ from typing import Any
 import grpc
 import pytest
 import redis
-from google.protobuf import duration_pb2
+from google.protobuf import duration_pb2, timestamp_pb2
 
 from delayq.v1 import job_pb2, service_pb2
 from tests.support.rpc import Stub, in_seconds, ms
@@ -59,6 +59,9 @@ CASES: list[tuple[str, str, Any, grpc.StatusCode, str]] = [
     ("payload too big", "Enqueue", E(queue="q", payload=b"x" * (256 * 1024 + 1)), INVALID, "payload"),
     ("delay negative", "Enqueue", E(queue="q", payload=b"x", delay=duration_pb2.Duration(seconds=-1)), INVALID, "delay"),
     ("delay absurd", "Enqueue", E(queue="q", payload=b"x", delay=duration_pb2.Duration(seconds=400 * 86400)), INVALID, "delay"),
+    ("due_time far future", "Enqueue", E(queue="q", payload=b"x", due_time=timestamp_pb2.Timestamp(seconds=10**16)), INVALID, "due_time"),
+    ("due_time int64 max", "Enqueue", E(queue="q", payload=b"x", due_time=timestamp_pb2.Timestamp(seconds=2**63 - 1)), INVALID, "due_time"),
+    ("due_time over 366 days", "Enqueue", E(queue="q", payload=b"x", due_time=in_seconds(367 * 86400)), INVALID, "due_time"),
     ("ttl shorter than delay", "Enqueue", E(queue="q", payload=b"x", delay=ms(5000), ttl=ms(1000)), INVALID, "ttl"),
     ("ttl before due_time", "Enqueue", E(queue="q", payload=b"x", due_time=in_seconds(3600), ttl=ms(1000)), INVALID, "ttl"),
     ("max_attempts too high", "Enqueue", E(queue="q", payload=b"x", max_attempts=1001), INVALID, "max_attempts"),
@@ -100,6 +103,10 @@ CASES: list[tuple[str, str, Any, grpc.StatusCode, str]] = [
     ("stats bad queue", "GetQueueStats", service_pb2.GetQueueStatsRequest(queue=""), INVALID, "queue"),
     ("dead page too big", "ListDeadJobs", service_pb2.ListDeadJobsRequest(queue="known", page_size=1001), INVALID, "page_size"),
     ("dead bad page token", "ListDeadJobs", service_pb2.ListDeadJobsRequest(queue="known", page_token="zz"), INVALID, "page_token"),
+    ("dead page token negative offset", "ListDeadJobs", service_pb2.ListDeadJobsRequest(queue="known", page_token="0:-5"), INVALID, "page_token"),
+    ("dead page token negative shard", "ListDeadJobs", service_pb2.ListDeadJobsRequest(queue="known", page_token="-1:0"), INVALID, "page_token"),
+    ("dead page token shard out of range", "ListDeadJobs", service_pb2.ListDeadJobsRequest(queue="known", page_token="9:0"), INVALID, "page_token"),
+    ("dead page token padded", "ListDeadJobs", service_pb2.ListDeadJobsRequest(queue="known", page_token=" 0:1"), INVALID, "page_token"),
     ("redrive bad id", "RedriveDeadJobs", service_pb2.RedriveDeadJobsRequest(queue="known", job_ids=["no"]), INVALID, "job_ids[0]"),
     ("purge limit too high", "PurgeDeadJobs", service_pb2.PurgeDeadJobsRequest(queue="known", limit=100_001), INVALID, "limit"),
 ]  # fmt: skip

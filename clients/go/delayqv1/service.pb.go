@@ -234,7 +234,8 @@ type EnqueueRequest_Delay struct {
 }
 
 type EnqueueRequest_DueTime struct {
-	// Due at this instant (server clock); a past instant means now.
+	// Due at this instant (server clock); a past instant means now. At most
+	// 366 days after now, the same horizon as `delay`.
 	DueTime *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=due_time,json=dueTime,proto3,oneof"`
 }
 
@@ -247,7 +248,8 @@ type EnqueueResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The job's id (the first job's id when `duplicate`).
 	JobId string `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
-	// Due time by the server clock.
+	// Due time by the server clock. Unset only for a duplicate whose job is gone
+	// and whose due time the server no longer knows.
 	DueTime *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=due_time,json=dueTime,proto3" json:"due_time,omitempty"`
 	// True when the idempotency key matched an earlier job and nothing was stored.
 	Duplicate     bool `protobuf:"varint,3,opt,name=duplicate,proto3" json:"duplicate,omitempty"`
@@ -804,7 +806,8 @@ func (x *NackRequest) GetReason() string {
 // NackResponse says where the job went.
 type NackResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// JOB_STATE_SCHEDULED (retry) or JOB_STATE_DEAD.
+	// JOB_STATE_SCHEDULED (retry at `due_time`, which is now for an immediate
+	// retry) or JOB_STATE_DEAD.
 	State JobState `protobuf:"varint,1,opt,name=state,proto3,enum=delayq.v1.JobState" json:"state,omitempty"`
 	// When the retry is due; unset when dead.
 	DueTime       *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=due_time,json=dueTime,proto3" json:"due_time,omitempty"`

@@ -48,11 +48,13 @@ const (
 // unreachable or read-only.
 type DelayQueueServiceClient interface {
 	// Enqueue stores one job, due after `delay` or at `due_time` (now when neither is set).
-	// Errors: INVALID_ARGUMENT, RESOURCE_EXHAUSTED, UNAVAILABLE.
+	// Errors: INVALID_ARGUMENT (e.g. due_time more than 366 days ahead), RESOURCE_EXHAUSTED,
+	// UNAVAILABLE.
 	Enqueue(ctx context.Context, in *EnqueueRequest, opts ...grpc.CallOption) (*EnqueueResponse, error)
 	// EnqueueBatch stores many jobs in one call. Each job succeeds or fails on its own:
-	// the valid ones are stored even when others are refused.
-	// Errors: INVALID_ARGUMENT (batch empty or over the cap), RESOURCE_EXHAUSTED, UNAVAILABLE.
+	// the valid ones are stored even when others are refused, and a Redis failure
+	// on one shard answers only that shard's jobs. An RPC-level error means no job
+	// was stored. Errors: INVALID_ARGUMENT (batch empty or over the cap), UNAVAILABLE.
 	EnqueueBatch(ctx context.Context, in *EnqueueBatchRequest, opts ...grpc.CallOption) (*EnqueueBatchResponse, error)
 	// Consume opens a stream of deliveries from one or more queues, in priority order.
 	// The server never has more than `max_outstanding` un-acked deliveries on the
@@ -242,11 +244,13 @@ func (c *delayQueueServiceClient) PurgeDeadJobs(ctx context.Context, in *PurgeDe
 // unreachable or read-only.
 type DelayQueueServiceServer interface {
 	// Enqueue stores one job, due after `delay` or at `due_time` (now when neither is set).
-	// Errors: INVALID_ARGUMENT, RESOURCE_EXHAUSTED, UNAVAILABLE.
+	// Errors: INVALID_ARGUMENT (e.g. due_time more than 366 days ahead), RESOURCE_EXHAUSTED,
+	// UNAVAILABLE.
 	Enqueue(context.Context, *EnqueueRequest) (*EnqueueResponse, error)
 	// EnqueueBatch stores many jobs in one call. Each job succeeds or fails on its own:
-	// the valid ones are stored even when others are refused.
-	// Errors: INVALID_ARGUMENT (batch empty or over the cap), RESOURCE_EXHAUSTED, UNAVAILABLE.
+	// the valid ones are stored even when others are refused, and a Redis failure
+	// on one shard answers only that shard's jobs. An RPC-level error means no job
+	// was stored. Errors: INVALID_ARGUMENT (batch empty or over the cap), UNAVAILABLE.
 	EnqueueBatch(context.Context, *EnqueueBatchRequest) (*EnqueueBatchResponse, error)
 	// Consume opens a stream of deliveries from one or more queues, in priority order.
 	// The server never has more than `max_outstanding` un-acked deliveries on the

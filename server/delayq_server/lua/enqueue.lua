@@ -12,7 +12,8 @@
 --   headers (msgpack map bytes), payload, idempotency key ('' none)
 -- (one packed argument instead of 12 per job: argument encoding was a quarter
 -- of the server's CPU per batched job)
--- Returns: {now, then per job: id, due ms, duplicate 0/1}
+-- Returns: {now, then per job: id, due ms (-1: a duplicate whose due time is unknown),
+--   duplicate 0/1}
 -- Publishes "<prefix> ready" when the ready list was empty and got jobs, and
 -- "<prefix> due <ms>" when the earliest due time moved earlier, so idle
 -- dispatchers and promoters on every server replica wake at once.
@@ -33,25 +34,34 @@ for i = 0, n - 1 do
   local j = jobs[i + 1]
   local id, delay, due_at, ttl = j[1], j[2], j[3], j[4]
   local ikey = j[12]
-  local existing = false
+  local idem_key, existing, existing_due = nil, nil, -1
   if ikey ~= '' then
-    local k = prefix .. 'idem:' .. ikey
-    local prev = redis.call('GET', k)
+    idem_key = prefix .. 'idem:' .. ikey
+    -- The key holds "<job id> <due ms>" so a duplicate is answered with its
+    -- due time even after the job itself was acked or deleted.
+    local prev = redis.call('GET', idem_key)
     if prev then
-      existing = prev
-    else
-      redis.call('SET', k, id, 'PX', idem_window)
+      local sp = string.find(prev, ' ', 1, true)
+      if sp then
+        existing, existing_due = string.sub(prev, 1, sp - 1), tonumber(string.sub(prev, sp + 1))
+      else
+        existing = prev  -- written before due times were kept with the id
+      end
     end
   end
   if existing then
     local prec = load(prefix, existing)
+    if prec then existing_due = prec[R_DUE] end
     table.insert(out, existing)
-    table.insert(out, prec and prec[R_DUE] or 0)
+    table.insert(out, existing_due)
     table.insert(out, 1)
   else
     local due = now + delay
     if delay < 0 then due = due_at end
     if due < now then due = now end
+    if idem_key then
+      redis.call('SET', idem_key, id .. ' ' .. string.format('%d', due), 'PX', idem_window)
+    end
     local expire = 0
     if ttl > 0 then expire = now + ttl end
     local rec = {S_SCHEDULED, 0, j[5], due, now, expire, 0, 0, '', '',

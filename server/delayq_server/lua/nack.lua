@@ -27,7 +27,9 @@ local head = redis.call('ZRANGE', k_index, 0, 0, 'WITHSCORES')
 local was_empty = redis.call('LLEN', k_ready) == 0
 if to_retry(prefix, k_index, k_ready, k_stats, width, id, rec, now, delay, reason) == 1 then
   if was_empty then redis.call('PUBLISH', channel, prefix .. ' ready') end
-  return {1, S_READY, now}
+  -- The contract answers SCHEDULED (retry at due time) or DEAD; a retry due
+  -- now is a schedule whose due time is now, even though it waits in ready.
+  return {1, S_SCHEDULED, now}
 end
 if not head[2] or now + delay < tonumber(head[2]) then
   redis.call('PUBLISH', channel, prefix .. ' due ' .. string.format('%d', now + delay))

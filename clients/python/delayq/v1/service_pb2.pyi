@@ -112,7 +112,9 @@ class EnqueueRequest(_message.Message):
 
     @_builtins.property
     def due_time(self) -> _timestamp_pb2.Timestamp:
-        """Due at this instant (server clock); a past instant means now."""
+        """Due at this instant (server clock); a past instant means now. At most
+        366 days after now, the same horizon as `delay`.
+        """
 
     @_builtins.property
     def ttl(self) -> _duration_pb2.Duration:
@@ -163,7 +165,9 @@ class EnqueueResponse(_message.Message):
     """True when the idempotency key matched an earlier job and nothing was stored."""
     @_builtins.property
     def due_time(self) -> _timestamp_pb2.Timestamp:
-        """Due time by the server clock."""
+        """Due time by the server clock. Unset only for a duplicate whose job is gone
+        and whose due time the server no longer knows.
+        """
 
     def __init__(
         self,
@@ -443,7 +447,9 @@ class NackResponse(_message.Message):
     STATE_FIELD_NUMBER: _builtins.int
     DUE_TIME_FIELD_NUMBER: _builtins.int
     state: _job_pb2.JobState.ValueType
-    """JOB_STATE_SCHEDULED (retry) or JOB_STATE_DEAD."""
+    """JOB_STATE_SCHEDULED (retry at `due_time`, which is now for an immediate
+    retry) or JOB_STATE_DEAD.
+    """
     @_builtins.property
     def due_time(self) -> _timestamp_pb2.Timestamp:
         """When the retry is due; unset when dead."""

@@ -119,7 +119,8 @@ class DelayQueueServiceServicer:
 
     def Enqueue(self, request, context):
         """Enqueue stores one job, due after `delay` or at `due_time` (now when neither is set).
-        Errors: INVALID_ARGUMENT, RESOURCE_EXHAUSTED, UNAVAILABLE.
+        Errors: INVALID_ARGUMENT (e.g. due_time more than 366 days ahead), RESOURCE_EXHAUSTED,
+        UNAVAILABLE.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -127,8 +128,9 @@ class DelayQueueServiceServicer:
 
     def EnqueueBatch(self, request, context):
         """EnqueueBatch stores many jobs in one call. Each job succeeds or fails on its own:
-        the valid ones are stored even when others are refused.
-        Errors: INVALID_ARGUMENT (batch empty or over the cap), RESOURCE_EXHAUSTED, UNAVAILABLE.
+        the valid ones are stored even when others are refused, and a Redis failure
+        on one shard answers only that shard's jobs. An RPC-level error means no job
+        was stored. Errors: INVALID_ARGUMENT (batch empty or over the cap), UNAVAILABLE.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

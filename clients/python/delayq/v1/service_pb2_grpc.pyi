@@ -44,12 +44,14 @@ class DelayQueueServiceStub:
     def __new__(cls, channel: _aio.Channel) -> DelayQueueServiceAsyncStub: ...
     Enqueue: _grpc.UnaryUnaryMultiCallable[_service_pb2.EnqueueRequest, _service_pb2.EnqueueResponse]
     """Enqueue stores one job, due after `delay` or at `due_time` (now when neither is set).
-    Errors: INVALID_ARGUMENT, RESOURCE_EXHAUSTED, UNAVAILABLE.
+    Errors: INVALID_ARGUMENT (e.g. due_time more than 366 days ahead), RESOURCE_EXHAUSTED,
+    UNAVAILABLE.
     """
     EnqueueBatch: _grpc.UnaryUnaryMultiCallable[_service_pb2.EnqueueBatchRequest, _service_pb2.EnqueueBatchResponse]
     """EnqueueBatch stores many jobs in one call. Each job succeeds or fails on its own:
-    the valid ones are stored even when others are refused.
-    Errors: INVALID_ARGUMENT (batch empty or over the cap), RESOURCE_EXHAUSTED, UNAVAILABLE.
+    the valid ones are stored even when others are refused, and a Redis failure
+    on one shard answers only that shard's jobs. An RPC-level error means no job
+    was stored. Errors: INVALID_ARGUMENT (batch empty or over the cap), UNAVAILABLE.
     """
     Consume: _grpc.UnaryStreamMultiCallable[_service_pb2.ConsumeRequest, _service_pb2.ConsumeResponse]
     """Consume opens a stream of deliveries from one or more queues, in priority order.
@@ -112,12 +114,14 @@ class DelayQueueServiceAsyncStub(DelayQueueServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Enqueue: _aio.UnaryUnaryMultiCallable[_service_pb2.EnqueueRequest, _service_pb2.EnqueueResponse]  # type: ignore[assignment]
     """Enqueue stores one job, due after `delay` or at `due_time` (now when neither is set).
-    Errors: INVALID_ARGUMENT, RESOURCE_EXHAUSTED, UNAVAILABLE.
+    Errors: INVALID_ARGUMENT (e.g. due_time more than 366 days ahead), RESOURCE_EXHAUSTED,
+    UNAVAILABLE.
     """
     EnqueueBatch: _aio.UnaryUnaryMultiCallable[_service_pb2.EnqueueBatchRequest, _service_pb2.EnqueueBatchResponse]  # type: ignore[assignment]
     """EnqueueBatch stores many jobs in one call. Each job succeeds or fails on its own:
-    the valid ones are stored even when others are refused.
-    Errors: INVALID_ARGUMENT (batch empty or over the cap), RESOURCE_EXHAUSTED, UNAVAILABLE.
+    the valid ones are stored even when others are refused, and a Redis failure
+    on one shard answers only that shard's jobs. An RPC-level error means no job
+    was stored. Errors: INVALID_ARGUMENT (batch empty or over the cap), UNAVAILABLE.
     """
     Consume: _aio.UnaryStreamMultiCallable[_service_pb2.ConsumeRequest, _service_pb2.ConsumeResponse]  # type: ignore[assignment]
     """Consume opens a stream of deliveries from one or more queues, in priority order.
@@ -183,7 +187,8 @@ class DelayQueueServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_service_pb2.EnqueueResponse, _abc.Awaitable[_service_pb2.EnqueueResponse]]:
         """Enqueue stores one job, due after `delay` or at `due_time` (now when neither is set).
-        Errors: INVALID_ARGUMENT, RESOURCE_EXHAUSTED, UNAVAILABLE.
+        Errors: INVALID_ARGUMENT (e.g. due_time more than 366 days ahead), RESOURCE_EXHAUSTED,
+        UNAVAILABLE.
         """
 
     @_abc_1.abstractmethod
@@ -193,8 +198,9 @@ class DelayQueueServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_service_pb2.EnqueueBatchResponse, _abc.Awaitable[_service_pb2.EnqueueBatchResponse]]:
         """EnqueueBatch stores many jobs in one call. Each job succeeds or fails on its own:
-        the valid ones are stored even when others are refused.
-        Errors: INVALID_ARGUMENT (batch empty or over the cap), RESOURCE_EXHAUSTED, UNAVAILABLE.
+        the valid ones are stored even when others are refused, and a Redis failure
+        on one shard answers only that shard's jobs. An RPC-level error means no job
+        was stored. Errors: INVALID_ARGUMENT (batch empty or over the cap), UNAVAILABLE.
         """
 
     @_abc_1.abstractmethod

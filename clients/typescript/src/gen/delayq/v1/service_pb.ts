@@ -65,7 +65,8 @@ export type EnqueueRequest = Message<"delayq.v1.EnqueueRequest"> & {
     case: "delay";
   } | {
     /**
-     * Due at this instant (server clock); a past instant means now.
+     * Due at this instant (server clock); a past instant means now. At most
+     * 366 days after now, the same horizon as `delay`.
      *
      * @generated from field: google.protobuf.Timestamp due_time = 6;
      */
@@ -125,7 +126,8 @@ export type EnqueueResponse = Message<"delayq.v1.EnqueueResponse"> & {
   jobId: string;
 
   /**
-   * Due time by the server clock.
+   * Due time by the server clock. Unset only for a duplicate whose job is gone
+   * and whose due time the server no longer knows.
    *
    * @generated from field: google.protobuf.Timestamp due_time = 2;
    */
@@ -405,7 +407,8 @@ export const NackRequestSchema: GenMessage<NackRequest> = /*@__PURE__*/
  */
 export type NackResponse = Message<"delayq.v1.NackResponse"> & {
   /**
-   * JOB_STATE_SCHEDULED (retry) or JOB_STATE_DEAD.
+   * JOB_STATE_SCHEDULED (retry at `due_time`, which is now for an immediate
+   * retry) or JOB_STATE_DEAD.
    *
    * @generated from field: delayq.v1.JobState state = 1;
    */
@@ -890,7 +893,8 @@ export const AckResultSchema: GenEnum<AckResult> = /*@__PURE__*/
 export const DelayQueueService: GenService<{
   /**
    * Enqueue stores one job, due after `delay` or at `due_time` (now when neither is set).
-   * Errors: INVALID_ARGUMENT, RESOURCE_EXHAUSTED, UNAVAILABLE.
+   * Errors: INVALID_ARGUMENT (e.g. due_time more than 366 days ahead), RESOURCE_EXHAUSTED,
+   * UNAVAILABLE.
    *
    * @generated from rpc delayq.v1.DelayQueueService.Enqueue
    */
@@ -901,8 +905,9 @@ export const DelayQueueService: GenService<{
   },
   /**
    * EnqueueBatch stores many jobs in one call. Each job succeeds or fails on its own:
-   * the valid ones are stored even when others are refused.
-   * Errors: INVALID_ARGUMENT (batch empty or over the cap), RESOURCE_EXHAUSTED, UNAVAILABLE.
+   * the valid ones are stored even when others are refused, and a Redis failure
+   * on one shard answers only that shard's jobs. An RPC-level error means no job
+   * was stored. Errors: INVALID_ARGUMENT (batch empty or over the cap), UNAVAILABLE.
    *
    * @generated from rpc delayq.v1.DelayQueueService.EnqueueBatch
    */
