@@ -393,6 +393,7 @@ _INFO = (
     ("acked", "acked"),
     ("dead", "dead"),
     ("stale_refused", "stale refused"),
+    ("stats_drift", "stats drift"),
 )
 
 

@@ -148,11 +148,20 @@ def same_second(c: Cluster, s: Scale) -> None:
     c.wait_progress(s.after_acks)
 
 
+# Found by this suite (make chaos, seed 4, round 1 of "kill -9 redis (always)"): a
+# claim that ran in Redis just before the kill lost its reply; no stream knew the
+# lease, so the job stayed hidden until the lease ran out and its first delivery
+# seen was attempt 2. Remove once defect 5's fix lands.
+LOST_CLAIM_REPLY = (
+    "issue 8 defect 5 (lost replies): a claim whose reply is lost when Redis dies leaves "
+    "a lease no stream knows; the job is hidden for a lease and skips an attempt"
+)
+
 FAULTS = [
     Fault("kill -9 server", kill_server),
     Fault("kill -9 worker", kill_worker),
     Fault("SIGSTOP worker", pause_worker, {"hold_ms": 400}, expect=_stale_refused),
-    Fault("kill -9 redis (always)", kill_redis),
+    Fault("kill -9 redis (always)", kill_redis, known={"attempts": LOST_CLAIM_REPLY}),
     Fault(
         "kill -9 redis (everysec)",
         kill_redis,
@@ -181,6 +190,7 @@ def run(fault: Fault, workdir: Path, *, seed: int, scale: Scale = SHORT) -> Repo
     kw = {"rate": scale.rate, **fault.cluster}
     cluster = Cluster(workdir, seed=seed, **kw).start()
     drained = False
+    end = None
     try:
         cluster.start_load()
         cluster.wait_progress(scale.warmup_acks)
@@ -190,11 +200,18 @@ def run(fault: Fault, workdir: Path, *, seed: int, scale: Scale = SHORT) -> Repo
         cluster.stop_load()
         drained = cluster.drain(scale.drain_s)
         cluster.record_finals()
+        end = cluster.stats()
     finally:
         cluster.close()
     ops = history.load(cluster.history_dir)
     rep = check(ops, name=fault.name, tolerate=fault.tolerate, known=fault.known)
     rep.info["drained"] = int(drained)
+    if end is not None:
+        # The server's own counters against the history: jobs counted as enqueued
+        # that no client saw (e.g. a script re-run after a lost reply counts twice).
+        jobs = {o.job for o in ops if o.job and o.f in ("enqueue", "deliver") and o.type == "ok"}
+        rep.info["stats_drift"] = end.enqueued_total - len(jobs)
+        rep.info["backlog_left"] = end.scheduled + end.ready + end.leased
     if fault.expect:
         fault.expect(rep, cluster, ops)
     return rep

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import signal
 import sys
 import tempfile
 import time
@@ -12,6 +13,10 @@ from pathlib import Path
 
 from tests.chaos import faults
 from tests.chaos.checker import Report, format_table
+
+
+def _exit(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,6 +28,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", action="append", default=[], help="fault name (repeatable)")
     p.add_argument("--out", type=Path, default=None, help="keep histories here")
     args = p.parse_args(argv)
+    # SIGTERM (and SIGINT, which a background shell ignores) unwind through the
+    # clusters' clean-up instead of orphaning servers, workers and redis-servers.
+    signal.signal(signal.SIGTERM, _exit)
+    signal.signal(signal.SIGINT, _exit)
     scale = dataclasses.replace(
         faults.SOAK,
         rounds=args.rounds,
