@@ -135,10 +135,10 @@ def check(
             any_end.append(o.t)
         elif o.f == "nemesis":
             ends[o.target].append(o.t)
-            if not o.target.startswith("redis"):
-                # A Redis fault ends no stream: a skipped attempt across it is a
-                # script re-run after a lost reply (issue 8, defect 5), not a
-                # delivery lost on a closing stream.
+            if o.target.startswith(("worker", "server")):
+                # Only a worker or server fault ends streams. A skipped attempt
+                # across a Redis fault is a script re-run after a lost reply
+                # (issue 8, defect 5), not a delivery lost on a closing stream.
                 any_end.append(o.t)
         elif o.f == "final" and o.type == OK:
             finals[o.job] = o.result
