@@ -39,3 +39,8 @@ TEST_TARGETS += bench-quick
 
 # mypy over bench/ needs matplotlib's stubs, which bench-deps installs.
 lint-py: $(BENCH_STAMP)
+
+# Redelivery after a SIGKILLed Worker, with and without its release grace (issue 8).
+.PHONY: bench-redelivery
+bench-redelivery: deps
+	$(PY) -m bench.redelivery $(BENCH_ARGS)

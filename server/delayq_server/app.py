@@ -92,6 +92,7 @@ class App:
             self.server_id,
             self.dispatcher.on_credit_nonces,
             on_subscribed=self._resync,
+            on_keep=self.dispatcher.on_keep_nonces,
         )
         self.health = health_aio.HealthServicer()
         self.telemetry = telemetry.setup(cfg.otel)

@@ -22,6 +22,9 @@ class Config:
     retry_multiplier: float = 2.0
     retry_jitter: float = 0.2
     max_payload_bytes: int = 256 * 1024
+    # Cap on one ConsumeResponse: well under a default gRPC client's 4 MiB receive
+    # limit, and above the largest job (see validation.max_delivery_bytes).
+    max_response_bytes: int = 1024 * 1024
     shards_per_queue: int = 1
     completed_retention_ms: int = 0
     idempotency_window_ms: int = 24 * 3_600_000
@@ -44,6 +47,11 @@ _FLAGS: dict[str, tuple[str, Callable[[str], object] | None, str]] = {
     "retry_multiplier": ("DELAYQ_RETRY_MULTIPLIER", float, "default backoff growth"),
     "retry_jitter": ("DELAYQ_RETRY_JITTER", float, "default backoff jitter fraction"),
     "max_payload_bytes": ("DELAYQ_MAX_PAYLOAD_BYTES", int, "payload size limit"),
+    "max_response_bytes": (
+        "DELAYQ_MAX_RESPONSE_BYTES",
+        int,
+        "byte cap on one Consume stream message (default 1 MiB)",
+    ),
     "shards_per_queue": ("DELAYQ_SHARDS_PER_QUEUE", int, "shards of a newly created queue"),
     "completed_retention_ms": ("DELAYQ_COMPLETED_RETENTION", None, "keep acked jobs this long"),
     "idempotency_window_ms": ("DELAYQ_IDEMPOTENCY_WINDOW", None, "idempotency key lifetime"),
@@ -88,4 +96,14 @@ def load(argv: Sequence[str] | None = None, env: dict[str, str] | None = None) -
     cfg = Config(**values)  # type: ignore[arg-type]
     if cfg.shards_per_queue < 1 or cfg.shards_per_queue > 1024:
         parser.error("shards_per_queue: must be 1 to 1024")
+    # Imported here: validation imports this module.
+    from delayq_server.validation import max_delivery_bytes
+
+    largest = max_delivery_bytes(cfg.max_payload_bytes)
+    if cfg.max_response_bytes < largest:
+        parser.error(
+            f"max_response_bytes: {cfg.max_response_bytes} is below the largest delivery "
+            f"({largest} bytes with max_payload_bytes {cfg.max_payload_bytes}): "
+            "a single job must always fit in one message"
+        )
     return cfg

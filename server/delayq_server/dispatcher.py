@@ -4,7 +4,8 @@ A stream holds at most ``max_outstanding`` un-acked deliveries. Credit comes
 back when a delivery is acked or nacked (through any replica: the lease nonce
 names the server and stream, and other replicas publish the credit to us) or
 when the reaper takes back an expired lease. When the stream ends, its
-current leases go back to ready at once.
+current leases go back to ready: at once, or after the stream's release grace
+unless they are settled or extended meanwhile (docs/decisions.md, release grace).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class ConsumeStream:
         max_outstanding: int,
         lease_ms: int,
         max_batch: int,
+        release_grace_ms: int = 0,
     ) -> None:
         self._d = dispatcher
         self.seq = seq
@@ -56,6 +58,7 @@ class ConsumeStream:
         self._max_outstanding = max_outstanding
         self._lease_ms = lease_ms
         self._max_batch = max_batch
+        self.release_grace_ms = release_grace_ms
         self.outstanding: dict[str, Outstanding] = {}  # nonce -> lease
         self.wake = asyncio.Event()
         self._claims = itertools.count()
@@ -65,6 +68,19 @@ class ConsumeStream:
     def credit_back(self, nonce: str) -> None:
         if self.outstanding.pop(nonce, None) is not None:
             self.wake.set()
+
+    def keep(self, nonce: str) -> None:
+        """An extended lease of a closed stream in its grace is no longer released by it."""
+        if self.closing:
+            self.outstanding.pop(nonce, None)
+
+    def mark_sent(self, nonces: Iterable[str]) -> None:
+        """Handed to gRPC from here on: the client may have it even if the write
+        is interrupted, so its attempt counts when the stream closes."""
+        for nonce in nonces:
+            o = self.outstanding.get(nonce)
+            if o is not None:
+                o.sent = True
 
     def close(self) -> None:
         self.closing = True
@@ -173,6 +189,7 @@ class Dispatcher:
         self._streams: dict[str, ConsumeStream] = {}
         self._seq = itertools.count(1)
         self._releases: set[asyncio.Task[int]] = set()
+        self._lingering: set[asyncio.Task[int]] = set()  # closed streams in their grace
         self._background: set[asyncio.Task[None]] = set()
 
     def open(
@@ -181,22 +198,47 @@ class Dispatcher:
         max_outstanding: int,
         lease_ms: int,
         max_batch: int,
+        release_grace_ms: int = 0,
     ) -> ConsumeStream:
         seq = format(next(self._seq), "x")
-        stream = ConsumeStream(self, seq, shards_by_queue, max_outstanding, lease_ms, max_batch)
+        stream = ConsumeStream(
+            self, seq, shards_by_queue, max_outstanding, lease_ms, max_batch, release_grace_ms
+        )
         self._streams[seq] = stream
         for tag in stream.tags:
             self.hub.subscribe(events.READY, tag, stream.wake)
         return stream
 
     def close(self, stream: ConsumeStream) -> None:
-        """Unregisters and releases the stream's leases in a task that outlives cancellation."""
-        self._streams.pop(stream.seq, None)
+        """Unregisters and releases the stream's leases in a task that outlives cancellation.
+
+        With a release grace the stream stays registered (so acks, nacks, releases
+        and extensions through any replica still take its leases off the list) and
+        what is left is released when the grace ends.
+        """
+        stream.closing = True
         for tag in stream.tags:
             self.hub.unsubscribe(events.READY, tag, stream.wake)
+        if stream.release_grace_ms > 0 and stream.outstanding:
+            linger = asyncio.create_task(self._linger(stream), name=f"linger {stream.seq}")
+            self._lingering.add(linger)
+            linger.add_done_callback(self._lingering.discard)
+            return
+        self._streams.pop(stream.seq, None)
         task = asyncio.create_task(stream.release(), name=f"release {stream.seq}")
         self._releases.add(task)
         task.add_done_callback(self._release_done)
+
+    async def _linger(self, stream: ConsumeStream) -> int:
+        try:
+            await asyncio.sleep(stream.release_grace_ms / 1000)
+        finally:
+            self._streams.pop(stream.seq, None)
+        # Shielded: a server stop after the grace must not cut a release in half.
+        task = asyncio.create_task(stream.release(), name=f"release {stream.seq}")
+        self._releases.add(task)
+        task.add_done_callback(self._release_done)
+        return await asyncio.shield(task)
 
     def _release_done(self, task: asyncio.Task[int]) -> None:
         self._releases.discard(task)
@@ -225,22 +267,47 @@ class Dispatcher:
             stream.close()
 
     async def drain_releases(self) -> None:
+        """Finishes releases under way. Streams still in their grace keep their
+        leases, which run out normally: a worker that reconnects to another
+        replica can still settle or extend them."""
+        for linger in list(self._lingering):
+            linger.cancel()
         if self._releases:
             await asyncio.gather(*self._releases, return_exceptions=True)
 
     # -- credit -------------------------------------------------------------------
 
+    def _stream_of(self, nonce: str) -> ConsumeStream | None:
+        parts = nonce.split(".")
+        if len(parts) >= 2 and parts[0] == self.server_id:
+            return self._streams.get(parts[1])
+        return None
+
     def on_credit_nonces(self, nonces: list[str]) -> None:
         """Credit for nonces of our own streams (local acks or another replica's message)."""
         for nonce in nonces:
-            parts = nonce.split(".")
-            if len(parts) >= 2 and parts[0] == self.server_id:
-                stream = self._streams.get(parts[1])
-                if stream is not None:
-                    stream.credit_back(nonce)
+            stream = self._stream_of(nonce)
+            if stream is not None:
+                stream.credit_back(nonce)
+
+    def on_keep_nonces(self, nonces: list[str]) -> None:
+        """Extended leases: a closed stream in its grace must not release them."""
+        for nonce in nonces:
+            stream = self._stream_of(nonce)
+            if stream is not None:
+                stream.keep(nonce)
 
     async def credit(self, tokens: list[LeaseToken]) -> None:
         """Returns credit for finished leases to whichever replica holds the stream."""
+        await self._route(tokens, "credit", self.on_credit_nonces)
+
+    async def keep(self, tokens: list[LeaseToken]) -> None:
+        """Tells whichever replica holds the stream that these leases were extended."""
+        await self._route(tokens, "keep", self.on_keep_nonces)
+
+    async def _route(
+        self, tokens: list[LeaseToken], kind: str, local_handler: Callable[[list[str]], None]
+    ) -> None:
         remote: dict[str, list[str]] = defaultdict(list)
         local: list[str] = []
         for t in tokens:
@@ -248,11 +315,11 @@ class Dispatcher:
                 local.append(t.nonce)
             else:
                 remote[t.server_id].append(t.nonce)
-        self.on_credit_nonces(local)
+        local_handler(local)
         for server_id, nonces in remote.items():
             with contextlib.suppress(Exception):
                 await self.store.redis.publish(
-                    server_channel(server_id), "credit " + " ".join(nonces)
+                    server_channel(server_id), f"{kind} " + " ".join(nonces)
                 )
 
     def on_reaped(self, keys: ShardKeys, leases: list[LeaseRef]) -> None:

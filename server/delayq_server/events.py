@@ -61,11 +61,13 @@ class PubSubListener:
         server_id: str,
         on_credit: Callable[[list[str]], None],
         on_subscribed: Callable[[], None] = lambda: None,
+        on_keep: Callable[[list[str]], None] = lambda nonces: None,
     ) -> None:
         self._client = client
         self._hub = hub
         self._server_id = server_id
         self._on_credit = on_credit
+        self._on_keep = on_keep
         self._on_subscribed = on_subscribed
         self._task: asyncio.Task[None] | None = None
         self.ready = asyncio.Event()
@@ -101,6 +103,8 @@ class PubSubListener:
             kind, _, rest = text.partition(" ")
             if kind == "credit":
                 self._on_credit(rest.split())
+            elif kind == "keep":
+                self._on_keep(rest.split())
             return
         prefix, _, rest = text.partition(" ")
         kind = rest.split(" ", 1)[0]

@@ -12,10 +12,11 @@ from typing import Any
 import grpc
 
 from delayq.v1 import job_pb2, service_pb2, service_pb2_grpc
-from delayq_server import convert, errors, ids, validation
+from delayq_server import convert, errors, framing, ids, validation
 from delayq_server.config import Config
 from delayq_server.dispatcher import Dispatcher
 from delayq_server.errors import InvalidArgument, NotFound
+from delayq_server.release_service import ReleaseServicer
 from delayq_server.store import AckOutcome, JobSpec, ShardKeys, Store, UnknownJob
 from delayq_server.telemetry import Telemetry
 from delayq_server.timers.manager import Timers
@@ -41,7 +42,7 @@ def _shard_for(key: str, shards: int) -> int:
     return zlib.crc32(key.encode()) % shards
 
 
-class DelayQueueService(service_pb2_grpc.DelayQueueServiceServicer):
+class DelayQueueService(ReleaseServicer, service_pb2_grpc.DelayQueueServiceServicer):
     def __init__(
         self,
         cfg: Config,
@@ -217,8 +218,9 @@ class DelayQueueService(service_pb2_grpc.DelayQueueServiceServicer):
             count = await self._shards(inp.namespace, q, create=True)
             shards_by_queue.append([ShardKeys(inp.namespace, q, s) for s in range(count)])
         stream = self._dispatcher.open(
-            shards_by_queue, inp.max_outstanding, inp.lease_ms, inp.max_batch
+            shards_by_queue, inp.max_outstanding, inp.lease_ms, inp.max_batch, inp.release_grace_ms
         )
+        cap = self._cfg.max_response_bytes
         try:
             async for batch in stream.deliveries():
                 deliveries = [
@@ -232,7 +234,11 @@ class DelayQueueService(service_pb2_grpc.DelayQueueServiceServicer):
                 ]
                 if self._tel.enabled:
                     self._tel.on_delivered(batch)
-                yield service_pb2.ConsumeResponse(deliveries=deliveries)
+                # A default client refuses messages over 4 MiB: cap each by bytes.
+                sizes = [framing.bound(c.record) for _, c in batch]
+                for start, end in framing.split(sizes, cap):
+                    stream.mark_sent(c.nonce for _, c in batch[start:end])
+                    yield service_pb2.ConsumeResponse(deliveries=deliveries[start:end])
         finally:
             self._dispatcher.close(stream)
 
@@ -283,6 +289,8 @@ class DelayQueueService(service_pb2_grpc.DelayQueueServiceServicer):
         token = validation.token("lease_token", request.lease_token)
         ext = validation.extension(request)
         deadline = await self._store.extend(token.keys, token.ref, ext)
+        # A closed stream in its release grace must not release an extended lease.
+        await self._dispatcher.keep([token])
         return service_pb2.ExtendLeaseResponse(lease_deadline=convert.ts(deadline))
 
     @errors.unary

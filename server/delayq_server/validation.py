@@ -32,6 +32,25 @@ MAX_TOKENS = 1000
 MAX_QUEUES = 16
 MAX_OUTSTANDING = 10_000
 MAX_ATTEMPTS = 1000
+# Bytes that the server may add to a delivery beyond what validation bounds here:
+# trace headers copied from the caller's gRPC metadata (at most the server's 8 KiB
+# metadata limit), and ids, names, the token, timestamps and field framing.
+TRACE_METADATA_BYTES = 8192
+FIXED_DELIVERY_BYTES = 4096
+
+
+def max_delivery_bytes(max_payload_bytes: int) -> int:
+    """Upper bound on one serialized Delivery (and its framing in a ConsumeResponse).
+
+    Payload + 64 headers of at most 256 + 8192 UTF-8 bytes (each map entry adds
+    at most 10 bytes of tags and lengths) + trace headers + last_error (a nack
+    reason) + fixed fields. With the 256 KiB default payload: 262,144 + 541,312
+    + 8,192 + 4,099 + 4,096 = 819,843 bytes, under the 1 MiB message cap.
+    """
+    headers = MAX_HEADERS * (MAX_HEADER_KEY + MAX_HEADER_VALUE + 10)
+    return (
+        max_payload_bytes + headers + TRACE_METADATA_BYTES + MAX_REASON + 3 + FIXED_DELIVERY_BYTES
+    )
 
 
 def name(field: str, value: str, *, default: str | None = None) -> str:
@@ -106,12 +125,15 @@ def enqueue(req: service_pb2.EnqueueRequest, cfg: Config, prefix: str = "") -> E
         )
     if len(req.headers) > MAX_HEADERS:
         raise InvalidArgument(prefix + "headers", f"at most {MAX_HEADERS} entries")
+    # Measured in UTF-8 bytes: that bounds the delivery size (max_delivery_bytes).
     for k, v in req.headers.items():
-        if not k or len(k) > MAX_HEADER_KEY:
-            raise InvalidArgument(prefix + "headers", f"keys must be 1-{MAX_HEADER_KEY} chars")
-        if len(v) > MAX_HEADER_VALUE:
+        if not k or len(k.encode()) > MAX_HEADER_KEY:
             raise InvalidArgument(
-                prefix + f"headers[{k!r}]", f"value over {MAX_HEADER_VALUE} chars"
+                prefix + "headers", f"keys must be 1-{MAX_HEADER_KEY} bytes (UTF-8)"
+            )
+        if len(v.encode()) > MAX_HEADER_VALUE:
+            raise InvalidArgument(
+                prefix + f"headers[{k[:80]!r}]", f"value over {MAX_HEADER_VALUE} bytes (UTF-8)"
             )
     delay_ms: int | None = None
     due_at_ms: int | None = None
@@ -205,6 +227,7 @@ class ConsumeInput:
     max_outstanding: int
     lease_ms: int
     max_batch: int
+    release_grace_ms: int
 
 
 def consume(req: service_pb2.ConsumeRequest, cfg: Config) -> ConsumeInput:
@@ -226,7 +249,11 @@ def consume(req: service_pb2.ConsumeRequest, cfg: Config) -> ConsumeInput:
     if req.max_batch > 1000:
         raise InvalidArgument("max_batch", "must be 0 to 1000")
     max_batch = min(req.max_batch or req.max_outstanding, req.max_outstanding)
-    return ConsumeInput(ns, queues, req.max_outstanding, lease, max_batch)
+    grace = 0
+    if req.HasField("release_grace"):
+        # Bounded by the lease: a longer grace would outlive the lease it protects.
+        grace = duration_ms("release_grace", req.release_grace, lo=0, hi=lease)
+    return ConsumeInput(ns, queues, req.max_outstanding, lease, max_batch, grace)
 
 
 def token(field: str, value: str) -> ids.LeaseToken:

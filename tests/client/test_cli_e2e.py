@@ -66,6 +66,19 @@ def test_tail_without_ack_leaves_jobs_for_others(cli: Path, target: str) -> None
         assert s.acked_total == 0 and s.ready + s.leased == 3
 
 
+def test_peeking_twice_uses_no_attempt(cli: Path, target: str) -> None:
+    with Client(target) as client:
+        job_id = client.enqueue("peek", "p", max_attempts=2).job_id
+        for _ in range(2):
+            peek = run(cli, target, "tail", "peek", "--no-ack", "--count", "1")
+            assert peek.returncode == 0, peek.stderr
+            assert json.loads(peek.stdout)["attempt"] == 1  # never an earlier peek's count
+            job = client.get("peek", job_id)
+            assert (job.state.name, job.attempts) == ("READY", 0)
+        s = client.stats("peek")
+        assert (s.ready, s.leased, s.dead) == (1, 0, 0)
+
+
 def test_get_delete_and_errors_are_one_line_with_the_status_as_exit_code(
     cli: Path, target: str
 ) -> None:

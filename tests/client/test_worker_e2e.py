@@ -17,6 +17,8 @@ from datetime import timedelta
 import pytest
 
 from delayq import AsyncClient, DeadLetter, Delivery, JobState, Retry, RetryPolicy, Worker
+from delayq.errors import NotFoundError
+from tests.support.proxy import CuttableProxy
 from tests.support.servers import ROOT, DelayqProcess
 
 
@@ -275,3 +277,74 @@ async def test_stream_close_releases_every_lease(target: str) -> None:
             if s.leased:
                 stuck.append((q, s.ready, s.leased))
         assert not stuck, f"leases not released within 3 s of stream close: {stuck}"
+
+
+async def test_shutdown_gives_back_unstarted_deliveries_without_counting(target: str) -> None:
+    async with AsyncClient(target) as client:
+        ids = [r.job_id for r in await client.enqueue_many("held", [f"j{i}" for i in range(4)])]
+        started: list[str] = []
+        go = asyncio.Event()
+        # One runs; three more wait leased behind it (prefetch): queued, never started.
+        worker = Worker(target, concurrency=1, prefetch=3)
+
+        @worker.handler("held")
+        async def handle(d: Delivery) -> None:
+            started.append(d.id)
+            await go.wait()
+
+        task = asyncio.create_task(worker.serve())
+        await eventually(lambda: len(started) == 1 and worker.stats.received == 4)
+        worker.stop()
+        go.set()
+        await asyncio.wait_for(task, 30)
+        assert worker.stats.released_on_shutdown == 3
+        assert (worker.stats.acked, worker.stats.abandoned_on_shutdown) == (1, 0)
+        for job_id in set(ids) - set(started):
+            job = await client.get("held", job_id)
+            assert (job.state, job.attempts) == (JobState.READY, 0)
+        stats = await client.stats("held")
+        assert (stats.acked_total, stats.ready, stats.leased) == (1, 3, 0)
+
+
+@pytest.mark.parametrize("grace", [5.0, 0.0])
+async def test_a_transport_blip_mid_handler(target: str, grace: float) -> None:
+    """With a release grace the running handler acks after the reconnect and its job
+    runs once; without one the job is redelivered at once (and runs twice)."""
+    proxy = await CuttableProxy(target).start()
+    try:
+        async with AsyncClient(target) as client:
+            job_id = (await client.enqueue("blip", "x")).job_id
+            runs: list[int] = []
+            cut_done = asyncio.Event()
+            worker = Worker(proxy.address, concurrency=2, release_grace=grace)
+
+            @worker.handler("blip")
+            async def handle(d: Delivery) -> None:
+                runs.append(d.attempt)
+                if len(runs) == 1:
+                    await cut_done.wait()  # still running across the blip
+
+            async with running(worker):
+                await eventually(lambda: len(runs) == 1)
+                proxy.cut()
+                await eventually(lambda: worker.stats.reconnects >= 1)
+                if grace:
+                    # Unstarted work given back, running work kept: the handler
+                    # finishes after the reconnect and its ack lands.
+                    await eventually(lambda: worker.stats.leases_extended >= 1)
+                    cut_done.set()
+                    await eventually(lambda: worker.stats.acked == 1)
+                else:
+                    await eventually(lambda: len(runs) == 2)  # redelivered at once
+                    cut_done.set()
+                    await eventually(lambda: worker.stats.acked + worker.stats.ack_stale == 2)
+            stats = await client.stats("blip")
+            assert stats.acked_total == 1
+            if grace:
+                assert runs == [1] and worker.stats.ack_stale == 0
+                with pytest.raises(NotFoundError):
+                    await client.get("blip", job_id)  # acked (no retention)
+            else:
+                assert runs == [1, 2] and worker.stats.ack_stale == 1
+    finally:
+        await proxy.close()

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from delayq_server.store import AckOutcome, JobState, LeaseRef, StaleLease, Store, UnknownJob
+from delayq_server.store import (
+    AckOutcome,
+    JobState,
+    LeaseRef,
+    ReleaseOutcome,
+    StaleLease,
+    Store,
+    UnknownJob,
+)
 from tests.support.seed import T0, Shard
 
 
@@ -206,3 +214,27 @@ async def test_release_of_an_unsent_claim_does_not_count_the_attempt(
     assert await store.release(shard.keys, [held], T0, unsent=frozenset({held.nonce})) == 1
     rec, _ = await store.get(shard.keys, held.job_id)
     assert (rec.state, rec.attempts) == (JobState.READY, 0)
+
+
+async def test_give_back_is_uncounted_per_lease_and_never_dead_letters(
+    store: Store, shard: Shard
+) -> None:
+    last = await shard.leased(max_attempts=1)  # on its final attempt
+    held = await shard.leased()
+    acked = await shard.leased()
+    await store.ack(shard.keys, [acked])
+    waiting = await shard.ready()
+    stale = LeaseRef(held.job_id, "t.0.0.0")
+    unknown = LeaseRef("06h03hkqjpgep0lubf6r2to", "t.0.0.0")
+    codes = await store.give_back(shard.keys, [last, held, stale, acked, unknown], T0)
+    R = ReleaseOutcome
+    assert codes == [R.RELEASED, R.RELEASED, R.STALE, R.UNKNOWN, R.UNKNOWN]
+    for lease in (last, held):
+        rec, _ = await store.get(shard.keys, lease.job_id)
+        assert (rec.state, rec.attempts, rec.nonce) == (JobState.READY, 0, "")
+    assert (await shard.snapshot())["leased"] == []
+    # Given back to the consuming end: next out, ahead of what was already waiting.
+    got = [c.job_id for c in await shard.claim(3)]
+    assert set(got[:2]) == {last.job_id, held.job_id} and got[2] == waiting
+    # A repeat (its reply was lost) changes nothing: the token is no longer current.
+    assert await store.give_back(shard.keys, [held], T0) == [R.STALE]

@@ -45,6 +45,10 @@ def ack(stub: Stub, *tokens: str) -> list[int]:
     return list(stub.Ack(service_pb2.AckRequest(lease_tokens=tokens), timeout=10).results)
 
 
+def release(stub: Stub, *tokens: str) -> list[int]:
+    return list(stub.Release(service_pb2.ReleaseRequest(lease_tokens=tokens), timeout=10).results)
+
+
 @dataclass
 class Consumer:
     """A Consume stream read on a thread; deliveries land in a queue with their arrival time."""
@@ -53,19 +57,21 @@ class Consumer:
     queues: list[str]
     max_outstanding: int = 100
     lease_ms: int = 30_000
+    release_grace_ms: int = 0
     received: queue_mod.Queue[tuple[float, job_pb2.Delivery]] = field(
         default_factory=queue_mod.Queue
     )
     error: grpc.RpcError | None = None
 
     def __post_init__(self) -> None:
-        self.call = self.stub.Consume(
-            service_pb2.ConsumeRequest(
-                queues=self.queues,
-                max_outstanding=self.max_outstanding,
-                lease_duration=ms(self.lease_ms),
-            )
+        req = service_pb2.ConsumeRequest(
+            queues=self.queues,
+            max_outstanding=self.max_outstanding,
+            lease_duration=ms(self.lease_ms),
         )
+        if self.release_grace_ms:
+            req.release_grace.CopyFrom(ms(self.release_grace_ms))
+        self.call = self.stub.Consume(req)
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
 

@@ -39,6 +39,14 @@ type ConsumeOptions struct {
 	// MaxReconnectBackoff caps the wait between attempts to reopen a broken
 	// stream. Default 5s.
 	MaxReconnectBackoff time.Duration
+	// ReleaseGrace is how long the server keeps the stream's leases after the
+	// stream ends (the request's release_grace). Within it, deliveries not
+	// started are given back with Release (their attempts not counted) and
+	// running handlers keep their leases and still settle, so a transport blip
+	// never runs a job twice; after a real crash the jobs are redelivered
+	// after the grace. Default 5s, capped at LeaseDuration; negative: none
+	// (leases are released, attempts counted, the moment the stream ends).
+	ReleaseGrace time.Duration
 	// OnError hears about problems that do not stop the loop: a failed ack,
 	// nack or renewal, a stale ack result, a lost lease (ErrLeaseLost), a
 	// broken stream about to be reopened (d is nil then). Default: ignored.
@@ -61,6 +69,10 @@ func (o ConsumeOptions) withDefaults() ConsumeOptions {
 	if o.MaxReconnectBackoff <= 0 {
 		o.MaxReconnectBackoff = 5 * time.Second
 	}
+	if o.ReleaseGrace == 0 {
+		o.ReleaseGrace = 5 * time.Second
+	}
+	o.ReleaseGrace = max(0, min(o.ReleaseGrace, o.LeaseDuration))
 	if o.OnError == nil {
 		o.OnError = func(*delayqv1.Delivery, error) {}
 	}
@@ -107,33 +119,42 @@ func (c *Client) Consume(ctx context.Context, opts ConsumeOptions, h Handler) er
 
 // consumeStream runs one Consume stream until it breaks or ctx is done.
 func (c *Client) consumeStream(ctx context.Context, opts ConsumeOptions, h Handler) error {
-	// The stream outlives ctx: acks must reach the server while it is still
-	// open, because closing it releases every lease it holds.
+	// The stream outlives ctx: without a release grace acks must reach the
+	// server while it is still open, because closing it releases every lease.
 	streamCtx, closeStream := context.WithCancel(context.WithoutCancel(ctx))
 	defer closeStream()
-	stream, err := c.rpc.Consume(streamCtx, &delayqv1.ConsumeRequest{
+	req := &delayqv1.ConsumeRequest{
 		Namespace:      c.namespace,
 		Queues:         opts.Queues,
 		MaxOutstanding: uint32(opts.Concurrency),
 		LeaseDuration:  durationpb.New(opts.LeaseDuration),
-	})
+	}
+	if opts.ReleaseGrace > 0 {
+		req.ReleaseGrace = durationpb.New(opts.ReleaseGrace)
+	}
+	stream, err := c.rpc.Consume(streamCtx, req)
 	if err != nil {
 		return err
 	}
 
 	deliveries := make(chan *delayqv1.Delivery)
 	recvErr := make(chan error, 1)
+	readerDone := make(chan struct{})
+	var leftover []*delayqv1.Delivery // received but never handed out (read after readerDone)
 	go func() {
+		defer close(readerDone)
 		for {
 			resp, err := stream.Recv()
 			if err != nil {
 				recvErr <- err
 				return
 			}
-			for _, d := range resp.GetDeliveries() {
+			ds := resp.GetDeliveries()
+			for i, d := range ds {
 				select {
 				case deliveries <- d:
 				case <-streamCtx.Done():
+					leftover = append(leftover, ds[i:]...)
 					return
 				}
 			}
@@ -144,33 +165,87 @@ func (c *Client) consumeStream(ctx context.Context, opts ConsumeOptions, h Handl
 	// lets them finish; cancelHandlers ends them when the drain runs out.
 	handlerCtx, cancelHandlers := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelHandlers()
+	// Closed when the stream ends with a release grace: every running
+	// handler extends its lease at once, so the grace does not release it.
+	keepNow := make(chan struct{})
 	slots := make(chan struct{}, opts.Concurrency)
 	var running sync.WaitGroup
+	// endWithGrace closes the stream, keeps running leases and gives back
+	// what was never started (held, if not nil, and what the reader held).
+	endWithGrace := func(held *delayqv1.Delivery) {
+		closeStream()
+		close(keepNow)
+		<-readerDone
+		unstarted := leftover
+		if held != nil {
+			unstarted = append([]*delayqv1.Delivery{held}, unstarted...)
+		}
+		c.giveBack(opts, unstarted)
+	}
 	for {
 		select {
 		case d := <-deliveries:
+			testHookHeld(d)
 			select {
 			case slots <- struct{}{}:
 			case <-ctx.Done():
-				// Not started: closing the stream gives it back at once.
+				// Not started: given back uncounted (or, without a grace,
+				// released by the stream's close).
+				if opts.ReleaseGrace > 0 {
+					endWithGrace(d)
+				}
 				return drain(&running, cancelHandlers, opts.DrainTimeout)
 			}
 			running.Add(1)
 			go func() {
 				defer func() { <-slots; running.Done() }()
-				c.process(handlerCtx, opts, h, d)
+				c.process(handlerCtx, opts, h, d, keepNow)
 			}()
 		case err := <-recvErr:
+			if opts.ReleaseGrace > 0 {
+				// The server keeps the leases for the grace: running handlers
+				// keep theirs and settle over unary calls; then reconnect.
+				endWithGrace(nil)
+				running.Wait()
+				return err
+			}
 			// The server has released this stream's leases: running
 			// handlers can no longer settle, so stop them.
 			cancelHandlers()
 			running.Wait()
 			return err
 		case <-ctx.Done():
+			if opts.ReleaseGrace > 0 {
+				endWithGrace(nil)
+			}
 			return drain(&running, cancelHandlers, opts.DrainTimeout)
 		}
 	}
 }
+
+// giveBack releases deliveries that were never started: ready again at
+// once, attempts not counted. Tokens the server no longer holds are skipped.
+func (c *Client) giveBack(opts ConsumeOptions, ds []*delayqv1.Delivery) {
+	for start := 0; start < len(ds); start += maxTokensPerCall {
+		chunk := ds[start:min(start+maxTokensPerCall, len(ds))]
+		tokens := make([]string, len(chunk))
+		for i, d := range chunk {
+			tokens[i] = d.GetLeaseToken()
+		}
+		rctx, cancel := context.WithTimeout(context.Background(), min(settleTimeout, opts.ReleaseGrace))
+		_, err := c.rpc.Release(rctx, &delayqv1.ReleaseRequest{LeaseTokens: tokens})
+		cancel()
+		if err != nil {
+			opts.OnError(nil, fmt.Errorf("delayq: release %d unstarted deliveries: %w", len(tokens), err))
+		}
+	}
+}
+
+// testHookHeld lets unit tests see a delivery reach the loop.
+var testHookHeld = func(*delayqv1.Delivery) {}
+
+// maxTokensPerCall is the server's cap on tokens in one Ack or Release.
+const maxTokensPerCall = 1000
 
 // drain waits for running handlers, cancelling them after timeout.
 func drain(running *sync.WaitGroup, cancel context.CancelFunc, timeout time.Duration) error {
@@ -186,7 +261,7 @@ func drain(running *sync.WaitGroup, cancel context.CancelFunc, timeout time.Dura
 }
 
 // process runs the handler with lease renewal, then acks or nacks.
-func (c *Client) process(parent context.Context, opts ConsumeOptions, h Handler, d *delayqv1.Delivery) {
+func (c *Client) process(parent context.Context, opts ConsumeOptions, h Handler, d *delayqv1.Delivery, keepNow <-chan struct{}) {
 	ctx, cancel := context.WithCancel(parent)
 	defer cancel()
 	token := d.GetLeaseToken()
@@ -206,6 +281,8 @@ func (c *Client) process(parent context.Context, opts ConsumeOptions, h Handler,
 			case <-ctx.Done():
 				return
 			case <-ticker.C:
+			case <-keepNow:
+				keepNow = nil // once: the stream ended within its release grace
 			}
 			rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 			_, err := c.rpc.ExtendLease(rctx, &delayqv1.ExtendLeaseRequest{

@@ -66,6 +66,15 @@ func (f *fakeServer) Ack(_ context.Context, req *delayqv1.AckRequest) (*delayqv1
 	return &delayqv1.AckResponse{Results: res}, nil
 }
 
+func (f *fakeServer) Release(_ context.Context, req *delayqv1.ReleaseRequest) (*delayqv1.ReleaseResponse, error) {
+	res := make([]delayqv1.ReleaseResult, len(req.GetLeaseTokens()))
+	for i, tok := range req.GetLeaseTokens() {
+		res[i] = delayqv1.ReleaseResult_RELEASE_RESULT_RELEASED
+		f.events <- "release:" + tok
+	}
+	return &delayqv1.ReleaseResponse{Results: res}, nil
+}
+
 func (f *fakeServer) Nack(_ context.Context, req *delayqv1.NackRequest) (*delayqv1.NackResponse, error) {
 	f.mu.Lock()
 	f.nacks = append(f.nacks, req)
@@ -263,11 +272,27 @@ func TestConsumeLostLeaseCancelsHandlerAndSkipsAck(t *testing.T) {
 	}
 }
 
-func TestShutdownSettlesRunningHandlerBeforeClosingStream(t *testing.T) {
+// nextEvents collects the next n events, failing after 5s.
+func nextEvents(t *testing.T, f *fakeServer, n int) []string {
+	t.Helper()
+	deadline := time.After(5 * time.Second)
+	var got []string
+	for len(got) < n {
+		select {
+		case ev := <-f.events:
+			got = append(got, ev)
+		case <-deadline:
+			t.Fatalf("events so far %v, want %d", got, n)
+		}
+	}
+	return got
+}
+
+func TestShutdownWithoutGraceSettlesRunningHandlerBeforeClosingStream(t *testing.T) {
 	f, c := startFake(t)
 	started := make(chan struct{})
 	release := make(chan struct{})
-	stop := runConsume(t, c, ConsumeOptions{Queues: []string{"q"}}, func(ctx context.Context, _ *delayqv1.Delivery) error {
+	stop := runConsume(t, c, ConsumeOptions{Queues: []string{"q"}, ReleaseGrace: -1}, func(ctx context.Context, _ *delayqv1.Delivery) error {
 		close(started)
 		<-release
 		return ctx.Err() // nil: shutdown does not cancel a handler within the drain timeout
@@ -277,22 +302,56 @@ func TestShutdownSettlesRunningHandlerBeforeClosingStream(t *testing.T) {
 	stopped := make(chan error, 1)
 	go func() { stopped <- stop() }()
 	close(release)
-	// The ack must reach the server while the stream is still open.
-	deadline := time.After(5 * time.Second)
-	var order []string
-	for len(order) < 2 {
-		select {
-		case ev := <-f.events:
-			order = append(order, ev)
-		case <-deadline:
-			t.Fatalf("events so far %v", order)
-		}
-	}
-	if order[0] != "ack:inflight" || order[1] != "stream-closed" {
+	// Without a grace the ack must reach the server while the stream is still open.
+	if order := nextEvents(t, f, 2); order[0] != "ack:inflight" || order[1] != "stream-closed" {
 		t.Errorf("events = %v, want ack before stream close", order)
 	}
 	if err := <-stopped; err != nil {
 		t.Fatal(err)
+	}
+	if got := f.consumes[0].GetReleaseGrace(); got != nil {
+		t.Errorf("release_grace = %v, want unset", got)
+	}
+}
+
+func TestShutdownGivesBackUnstartedAndKeepsRunningLeases(t *testing.T) {
+	f, c := startFake(t)
+	held := make(chan string, 4)
+	testHookHeld = func(d *delayqv1.Delivery) { held <- d.GetLeaseToken() }
+	t.Cleanup(func() { testHookHeld = func(*delayqv1.Delivery) {} })
+	started := make(chan struct{})
+	release := make(chan struct{})
+	stop := runConsume(t, c, ConsumeOptions{Queues: []string{"q"}}, func(ctx context.Context, d *delayqv1.Delivery) error {
+		close(started)
+		<-release
+		return ctx.Err()
+	})
+	f.send <- delivery("running")
+	<-started
+	f.send <- delivery("waiting") // concurrency 1: held for a slot, never started
+	for tok := range held {
+		if tok == "waiting" {
+			break
+		}
+	}
+	stopped := make(chan error, 1)
+	go func() { stopped <- stop() }()
+	// The stream closes first (the grace keeps its leases), the running lease is
+	// extended at once, the unstarted one is given back uncounted.
+	got := nextEvents(t, f, 3)
+	want := map[string]bool{"stream-closed": true, "extend:running": true, "release:waiting": true}
+	for _, ev := range got {
+		if !want[ev] {
+			t.Fatalf("events = %v, want %v", got, want)
+		}
+	}
+	close(release)
+	waitEvent(t, f, "ack:running") // settled over a unary call after the close
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
+	if g := f.consumes[0].GetReleaseGrace().AsDuration(); g != 5*time.Second {
+		t.Errorf("release_grace = %v, want 5s", g)
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/delayq/delayq/clients/go/delayq"
 	"github.com/delayq/delayq/clients/go/delayqv1"
@@ -237,5 +238,74 @@ func TestInvalidQueueIsRefused(t *testing.T) {
 	err := c.Consume(ctx, delayq.ConsumeOptions{Queues: []string{"bad{name}"}}, func(context.Context, *delayqv1.Delivery) error { return nil })
 	if status.Code(err) != codes.InvalidArgument {
 		t.Errorf("Consume: %v, want InvalidArgument", err)
+	}
+}
+
+func TestReleaseGivesBackWithoutCountingAndShutdownSettlesAfterClose(t *testing.T) {
+	c := dial(t)
+	queue := queueName(t)
+	res, err := c.Enqueue(context.Background(), queue, []byte("x"), delayq.WithMaxAttempts(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Release (what Consume uses for deliveries it did not start): uncounted,
+	// after closing a stream that has a grace.
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	defer cancel2()
+	graced, err := c.Service().Consume(ctx2, &delayqv1.ConsumeRequest{
+		Queues: []string{queue}, MaxOutstanding: 1, ReleaseGrace: durationpb.New(5 * time.Second),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := graced.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancel2()
+	token := got.GetDeliveries()[0].GetLeaseToken()
+	rel, err := c.Service().Release(context.Background(), &delayqv1.ReleaseRequest{LeaseTokens: []string{token, token}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []delayqv1.ReleaseResult{delayqv1.ReleaseResult_RELEASE_RESULT_RELEASED, delayqv1.ReleaseResult_RELEASE_RESULT_STALE}
+	if len(rel.GetResults()) != 2 || rel.GetResults()[0] != want[0] || rel.GetResults()[1] != want[1] {
+		t.Fatalf("release results = %v, want %v", rel.GetResults(), want)
+	}
+	job, err := c.Service().Query(context.Background(), &delayqv1.QueryRequest{Queue: queue, JobId: res.GetJobId()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, a := job.GetJob().GetState(), job.GetJob().GetAttempts(); s != delayqv1.JobState_JOB_STATE_READY || a != 0 {
+		t.Fatalf("after release: state %v attempts %d, want READY 0", s, a)
+	}
+
+	// Consume's shutdown with its default grace: the stream closes first and the
+	// running handler still acks over a unary call; the job is not redelivered.
+	started := make(chan struct{})
+	finish := make(chan struct{})
+	var errs errorLog
+	runCtx, stop := context.WithCancel(context.Background())
+	result := make(chan error, 1)
+	go func() {
+		result <- c.Consume(runCtx, delayq.ConsumeOptions{Queues: []string{queue}, OnError: errs.add}, func(context.Context, *delayqv1.Delivery) error {
+			close(started)
+			<-finish
+			return nil
+		})
+	}()
+	select {
+	case <-started:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no delivery within 20s")
+	}
+	stop()
+	close(finish)
+	if err := <-result; err != nil {
+		t.Fatal(err)
+	}
+	waitSettled(t, c, queue, res.GetJobId())
+	if e := errs.get(); len(e) != 0 {
+		t.Errorf("OnError: %v", e)
 	}
 }

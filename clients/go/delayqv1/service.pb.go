@@ -81,6 +81,64 @@ func (AckResult) EnumDescriptor() ([]byte, []int) {
 	return file_delayq_v1_service_proto_rawDescGZIP(), []int{0}
 }
 
+// ReleaseResult is the outcome for one token.
+type ReleaseResult int32
+
+const (
+	// RELEASE_RESULT_UNSPECIFIED is never returned.
+	ReleaseResult_RELEASE_RESULT_UNSPECIFIED ReleaseResult = 0
+	// RELEASE_RESULT_RELEASED: the job is ready again, its attempt not counted.
+	ReleaseResult_RELEASE_RESULT_RELEASED ReleaseResult = 1
+	// RELEASE_RESULT_STALE: the token is no longer current (already released, acked,
+	// nacked, or the lease ran out and the job was redelivered or retried).
+	ReleaseResult_RELEASE_RESULT_STALE ReleaseResult = 2
+	// RELEASE_RESULT_UNKNOWN: no such job (acked, deleted, expired or never existed).
+	ReleaseResult_RELEASE_RESULT_UNKNOWN ReleaseResult = 3
+)
+
+// Enum value maps for ReleaseResult.
+var (
+	ReleaseResult_name = map[int32]string{
+		0: "RELEASE_RESULT_UNSPECIFIED",
+		1: "RELEASE_RESULT_RELEASED",
+		2: "RELEASE_RESULT_STALE",
+		3: "RELEASE_RESULT_UNKNOWN",
+	}
+	ReleaseResult_value = map[string]int32{
+		"RELEASE_RESULT_UNSPECIFIED": 0,
+		"RELEASE_RESULT_RELEASED":    1,
+		"RELEASE_RESULT_STALE":       2,
+		"RELEASE_RESULT_UNKNOWN":     3,
+	}
+)
+
+func (x ReleaseResult) Enum() *ReleaseResult {
+	p := new(ReleaseResult)
+	*p = x
+	return p
+}
+
+func (x ReleaseResult) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ReleaseResult) Descriptor() protoreflect.EnumDescriptor {
+	return file_delayq_v1_service_proto_enumTypes[1].Descriptor()
+}
+
+func (ReleaseResult) Type() protoreflect.EnumType {
+	return &file_delayq_v1_service_proto_enumTypes[1]
+}
+
+func (x ReleaseResult) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ReleaseResult.Descriptor instead.
+func (ReleaseResult) EnumDescriptor() ([]byte, []int) {
+	return file_delayq_v1_service_proto_rawDescGZIP(), []int{1}
+}
+
 // EnqueueRequest is one job to store.
 type EnqueueRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -522,7 +580,16 @@ type ConsumeRequest struct {
 	// Lease per delivery, 1 s to 12 h. Unset: the server default (30 s).
 	LeaseDuration *durationpb.Duration `protobuf:"bytes,4,opt,name=lease_duration,json=leaseDuration,proto3" json:"lease_duration,omitempty"`
 	// Most deliveries per stream message, 1 to 1000. 0: up to max_outstanding.
-	MaxBatch      uint32 `protobuf:"varint,5,opt,name=max_batch,json=maxBatch,proto3" json:"max_batch,omitempty"`
+	// Messages are also capped by bytes on the server (see Consume).
+	MaxBatch uint32 `protobuf:"varint,5,opt,name=max_batch,json=maxBatch,proto3" json:"max_batch,omitempty"`
+	// When the stream ends (a transport blip, a crashed client), its leases are
+	// released this long afterwards instead of at once, unless acked, nacked,
+	// released or extended meanwhile. Lease tokens stay valid during the grace, so
+	// a handler still running can settle over a unary call after its client
+	// reconnects, and its job is not run twice. 0 to lease_duration; unset or 0:
+	// release at once. A longer grace delays redelivery after a real crash by as
+	// much. When the server itself stops or dies, leases run out normally.
+	ReleaseGrace  *durationpb.Duration `protobuf:"bytes,6,opt,name=release_grace,json=releaseGrace,proto3" json:"release_grace,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -590,6 +657,13 @@ func (x *ConsumeRequest) GetMaxBatch() uint32 {
 		return x.MaxBatch
 	}
 	return 0
+}
+
+func (x *ConsumeRequest) GetReleaseGrace() *durationpb.Duration {
+	if x != nil {
+		return x.ReleaseGrace
+	}
+	return nil
 }
 
 // ConsumeResponse carries one or more deliveries.
@@ -730,6 +804,98 @@ func (x *AckResponse) GetResults() []AckResult {
 	return nil
 }
 
+// ReleaseRequest gives deliveries back unstarted.
+type ReleaseRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Lease tokens from deliveries, 1 to 1000.
+	LeaseTokens   []string `protobuf:"bytes,1,rep,name=lease_tokens,json=leaseTokens,proto3" json:"lease_tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseRequest) Reset() {
+	*x = ReleaseRequest{}
+	mi := &file_delayq_v1_service_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseRequest) ProtoMessage() {}
+
+func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_delayq_v1_service_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
+func (*ReleaseRequest) Descriptor() ([]byte, []int) {
+	return file_delayq_v1_service_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ReleaseRequest) GetLeaseTokens() []string {
+	if x != nil {
+		return x.LeaseTokens
+	}
+	return nil
+}
+
+// ReleaseResponse has one result per token, in order.
+type ReleaseResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Results, index-aligned with the request.
+	Results       []ReleaseResult `protobuf:"varint,1,rep,packed,name=results,proto3,enum=delayq.v1.ReleaseResult" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseResponse) Reset() {
+	*x = ReleaseResponse{}
+	mi := &file_delayq_v1_service_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseResponse) ProtoMessage() {}
+
+func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_delayq_v1_service_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
+func (*ReleaseResponse) Descriptor() ([]byte, []int) {
+	return file_delayq_v1_service_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ReleaseResponse) GetResults() []ReleaseResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
 // NackRequest gives a delivery back.
 type NackRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -747,7 +913,7 @@ type NackRequest struct {
 
 func (x *NackRequest) Reset() {
 	*x = NackRequest{}
-	mi := &file_delayq_v1_service_proto_msgTypes[10]
+	mi := &file_delayq_v1_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -759,7 +925,7 @@ func (x *NackRequest) String() string {
 func (*NackRequest) ProtoMessage() {}
 
 func (x *NackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_service_proto_msgTypes[10]
+	mi := &file_delayq_v1_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -772,7 +938,7 @@ func (x *NackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NackRequest.ProtoReflect.Descriptor instead.
 func (*NackRequest) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_service_proto_rawDescGZIP(), []int{10}
+	return file_delayq_v1_service_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *NackRequest) GetLeaseToken() string {
@@ -817,7 +983,7 @@ type NackResponse struct {
 
 func (x *NackResponse) Reset() {
 	*x = NackResponse{}
-	mi := &file_delayq_v1_service_proto_msgTypes[11]
+	mi := &file_delayq_v1_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -829,7 +995,7 @@ func (x *NackResponse) String() string {
 func (*NackResponse) ProtoMessage() {}
 
 func (x *NackResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_service_proto_msgTypes[11]
+	mi := &file_delayq_v1_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -842,7 +1008,7 @@ func (x *NackResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NackResponse.ProtoReflect.Descriptor instead.
 func (*NackResponse) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_service_proto_rawDescGZIP(), []int{11}
+	return file_delayq_v1_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *NackResponse) GetState() JobState {
@@ -872,7 +1038,7 @@ type ExtendLeaseRequest struct {
 
 func (x *ExtendLeaseRequest) Reset() {
 	*x = ExtendLeaseRequest{}
-	mi := &file_delayq_v1_service_proto_msgTypes[12]
+	mi := &file_delayq_v1_service_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -884,7 +1050,7 @@ func (x *ExtendLeaseRequest) String() string {
 func (*ExtendLeaseRequest) ProtoMessage() {}
 
 func (x *ExtendLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_service_proto_msgTypes[12]
+	mi := &file_delayq_v1_service_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -897,7 +1063,7 @@ func (x *ExtendLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtendLeaseRequest.ProtoReflect.Descriptor instead.
 func (*ExtendLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_service_proto_rawDescGZIP(), []int{12}
+	return file_delayq_v1_service_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ExtendLeaseRequest) GetLeaseToken() string {
@@ -925,7 +1091,7 @@ type ExtendLeaseResponse struct {
 
 func (x *ExtendLeaseResponse) Reset() {
 	*x = ExtendLeaseResponse{}
-	mi := &file_delayq_v1_service_proto_msgTypes[13]
+	mi := &file_delayq_v1_service_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -937,7 +1103,7 @@ func (x *ExtendLeaseResponse) String() string {
 func (*ExtendLeaseResponse) ProtoMessage() {}
 
 func (x *ExtendLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_service_proto_msgTypes[13]
+	mi := &file_delayq_v1_service_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -950,7 +1116,7 @@ func (x *ExtendLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtendLeaseResponse.ProtoReflect.Descriptor instead.
 func (*ExtendLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_service_proto_rawDescGZIP(), []int{13}
+	return file_delayq_v1_service_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ExtendLeaseResponse) GetLeaseDeadline() *timestamppb.Timestamp {
@@ -975,7 +1141,7 @@ type QueryRequest struct {
 
 func (x *QueryRequest) Reset() {
 	*x = QueryRequest{}
-	mi := &file_delayq_v1_service_proto_msgTypes[14]
+	mi := &file_delayq_v1_service_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -987,7 +1153,7 @@ func (x *QueryRequest) String() string {
 func (*QueryRequest) ProtoMessage() {}
 
 func (x *QueryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_service_proto_msgTypes[14]
+	mi := &file_delayq_v1_service_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1000,7 +1166,7 @@ func (x *QueryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryRequest.ProtoReflect.Descriptor instead.
 func (*QueryRequest) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_service_proto_rawDescGZIP(), []int{14}
+	return file_delayq_v1_service_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *QueryRequest) GetNamespace() string {
@@ -1035,7 +1201,7 @@ type QueryResponse struct {
 
 func (x *QueryResponse) Reset() {
 	*x = QueryResponse{}
-	mi := &file_delayq_v1_service_proto_msgTypes[15]
+	mi := &file_delayq_v1_service_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1047,7 +1213,7 @@ func (x *QueryResponse) String() string {
 func (*QueryResponse) ProtoMessage() {}
 
 func (x *QueryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_service_proto_msgTypes[15]
+	mi := &file_delayq_v1_service_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1060,7 +1226,7 @@ func (x *QueryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryResponse.ProtoReflect.Descriptor instead.
 func (*QueryResponse) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_service_proto_rawDescGZIP(), []int{15}
+	return file_delayq_v1_service_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *QueryResponse) GetJob() *Job {
@@ -1085,7 +1251,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_delayq_v1_service_proto_msgTypes[16]
+	mi := &file_delayq_v1_service_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1097,7 +1263,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_service_proto_msgTypes[16]
+	mi := &file_delayq_v1_service_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1110,7 +1276,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_service_proto_rawDescGZIP(), []int{16}
+	return file_delayq_v1_service_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *DeleteRequest) GetNamespace() string {
@@ -1145,7 +1311,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_delayq_v1_service_proto_msgTypes[17]
+	mi := &file_delayq_v1_service_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1157,7 +1323,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_service_proto_msgTypes[17]
+	mi := &file_delayq_v1_service_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1170,7 +1336,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_service_proto_rawDescGZIP(), []int{17}
+	return file_delayq_v1_service_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *DeleteResponse) GetPreviousState() JobState {
@@ -1193,7 +1359,7 @@ type GetQueueStatsRequest struct {
 
 func (x *GetQueueStatsRequest) Reset() {
 	*x = GetQueueStatsRequest{}
-	mi := &file_delayq_v1_service_proto_msgTypes[18]
+	mi := &file_delayq_v1_service_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1205,7 +1371,7 @@ func (x *GetQueueStatsRequest) String() string {
 func (*GetQueueStatsRequest) ProtoMessage() {}
 
 func (x *GetQueueStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_service_proto_msgTypes[18]
+	mi := &file_delayq_v1_service_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1218,7 +1384,7 @@ func (x *GetQueueStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetQueueStatsRequest.ProtoReflect.Descriptor instead.
 func (*GetQueueStatsRequest) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_service_proto_rawDescGZIP(), []int{18}
+	return file_delayq_v1_service_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *GetQueueStatsRequest) GetNamespace() string {
@@ -1246,7 +1412,7 @@ type GetQueueStatsResponse struct {
 
 func (x *GetQueueStatsResponse) Reset() {
 	*x = GetQueueStatsResponse{}
-	mi := &file_delayq_v1_service_proto_msgTypes[19]
+	mi := &file_delayq_v1_service_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1258,7 +1424,7 @@ func (x *GetQueueStatsResponse) String() string {
 func (*GetQueueStatsResponse) ProtoMessage() {}
 
 func (x *GetQueueStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_service_proto_msgTypes[19]
+	mi := &file_delayq_v1_service_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1271,7 +1437,7 @@ func (x *GetQueueStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetQueueStatsResponse.ProtoReflect.Descriptor instead.
 func (*GetQueueStatsResponse) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_service_proto_rawDescGZIP(), []int{19}
+	return file_delayq_v1_service_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *GetQueueStatsResponse) GetStats() *QueueStats {
@@ -1298,7 +1464,7 @@ type ListDeadJobsRequest struct {
 
 func (x *ListDeadJobsRequest) Reset() {
 	*x = ListDeadJobsRequest{}
-	mi := &file_delayq_v1_service_proto_msgTypes[20]
+	mi := &file_delayq_v1_service_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1310,7 +1476,7 @@ func (x *ListDeadJobsRequest) String() string {
 func (*ListDeadJobsRequest) ProtoMessage() {}
 
 func (x *ListDeadJobsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_service_proto_msgTypes[20]
+	mi := &file_delayq_v1_service_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1323,7 +1489,7 @@ func (x *ListDeadJobsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadJobsRequest.ProtoReflect.Descriptor instead.
 func (*ListDeadJobsRequest) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_service_proto_rawDescGZIP(), []int{20}
+	return file_delayq_v1_service_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListDeadJobsRequest) GetNamespace() string {
@@ -1367,7 +1533,7 @@ type ListDeadJobsResponse struct {
 
 func (x *ListDeadJobsResponse) Reset() {
 	*x = ListDeadJobsResponse{}
-	mi := &file_delayq_v1_service_proto_msgTypes[21]
+	mi := &file_delayq_v1_service_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1379,7 +1545,7 @@ func (x *ListDeadJobsResponse) String() string {
 func (*ListDeadJobsResponse) ProtoMessage() {}
 
 func (x *ListDeadJobsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_service_proto_msgTypes[21]
+	mi := &file_delayq_v1_service_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1392,7 +1558,7 @@ func (x *ListDeadJobsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadJobsResponse.ProtoReflect.Descriptor instead.
 func (*ListDeadJobsResponse) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_service_proto_rawDescGZIP(), []int{21}
+	return file_delayq_v1_service_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListDeadJobsResponse) GetJobs() []*Job {
@@ -1426,7 +1592,7 @@ type RedriveDeadJobsRequest struct {
 
 func (x *RedriveDeadJobsRequest) Reset() {
 	*x = RedriveDeadJobsRequest{}
-	mi := &file_delayq_v1_service_proto_msgTypes[22]
+	mi := &file_delayq_v1_service_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1438,7 +1604,7 @@ func (x *RedriveDeadJobsRequest) String() string {
 func (*RedriveDeadJobsRequest) ProtoMessage() {}
 
 func (x *RedriveDeadJobsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_service_proto_msgTypes[22]
+	mi := &file_delayq_v1_service_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1451,7 +1617,7 @@ func (x *RedriveDeadJobsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RedriveDeadJobsRequest.ProtoReflect.Descriptor instead.
 func (*RedriveDeadJobsRequest) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_service_proto_rawDescGZIP(), []int{22}
+	return file_delayq_v1_service_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RedriveDeadJobsRequest) GetNamespace() string {
@@ -1493,7 +1659,7 @@ type RedriveDeadJobsResponse struct {
 
 func (x *RedriveDeadJobsResponse) Reset() {
 	*x = RedriveDeadJobsResponse{}
-	mi := &file_delayq_v1_service_proto_msgTypes[23]
+	mi := &file_delayq_v1_service_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1505,7 +1671,7 @@ func (x *RedriveDeadJobsResponse) String() string {
 func (*RedriveDeadJobsResponse) ProtoMessage() {}
 
 func (x *RedriveDeadJobsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_service_proto_msgTypes[23]
+	mi := &file_delayq_v1_service_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1518,7 +1684,7 @@ func (x *RedriveDeadJobsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RedriveDeadJobsResponse.ProtoReflect.Descriptor instead.
 func (*RedriveDeadJobsResponse) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_service_proto_rawDescGZIP(), []int{23}
+	return file_delayq_v1_service_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RedriveDeadJobsResponse) GetRedriven() uint32 {
@@ -1545,7 +1711,7 @@ type PurgeDeadJobsRequest struct {
 
 func (x *PurgeDeadJobsRequest) Reset() {
 	*x = PurgeDeadJobsRequest{}
-	mi := &file_delayq_v1_service_proto_msgTypes[24]
+	mi := &file_delayq_v1_service_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1557,7 +1723,7 @@ func (x *PurgeDeadJobsRequest) String() string {
 func (*PurgeDeadJobsRequest) ProtoMessage() {}
 
 func (x *PurgeDeadJobsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_service_proto_msgTypes[24]
+	mi := &file_delayq_v1_service_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1570,7 +1736,7 @@ func (x *PurgeDeadJobsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PurgeDeadJobsRequest.ProtoReflect.Descriptor instead.
 func (*PurgeDeadJobsRequest) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_service_proto_rawDescGZIP(), []int{24}
+	return file_delayq_v1_service_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *PurgeDeadJobsRequest) GetNamespace() string {
@@ -1612,7 +1778,7 @@ type PurgeDeadJobsResponse struct {
 
 func (x *PurgeDeadJobsResponse) Reset() {
 	*x = PurgeDeadJobsResponse{}
-	mi := &file_delayq_v1_service_proto_msgTypes[25]
+	mi := &file_delayq_v1_service_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1624,7 +1790,7 @@ func (x *PurgeDeadJobsResponse) String() string {
 func (*PurgeDeadJobsResponse) ProtoMessage() {}
 
 func (x *PurgeDeadJobsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_service_proto_msgTypes[25]
+	mi := &file_delayq_v1_service_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1637,7 +1803,7 @@ func (x *PurgeDeadJobsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PurgeDeadJobsResponse.ProtoReflect.Descriptor instead.
 func (*PurgeDeadJobsResponse) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_service_proto_rawDescGZIP(), []int{25}
+	return file_delayq_v1_service_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *PurgeDeadJobsResponse) GetPurged() uint32 {
@@ -1683,13 +1849,14 @@ const file_delayq_v1_service_proto_rawDesc = "" +
 	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\"O\n" +
 	"\x14EnqueueBatchResponse\x127\n" +
-	"\aresults\x18\x01 \x03(\v2\x1d.delayq.v1.EnqueueBatchResultR\aresults\"\xce\x01\n" +
+	"\aresults\x18\x01 \x03(\v2\x1d.delayq.v1.EnqueueBatchResultR\aresults\"\x8e\x02\n" +
 	"\x0eConsumeRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x16\n" +
 	"\x06queues\x18\x02 \x03(\tR\x06queues\x12'\n" +
 	"\x0fmax_outstanding\x18\x03 \x01(\rR\x0emaxOutstanding\x12@\n" +
 	"\x0elease_duration\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\rleaseDuration\x12\x1b\n" +
-	"\tmax_batch\x18\x05 \x01(\rR\bmaxBatch\"F\n" +
+	"\tmax_batch\x18\x05 \x01(\rR\bmaxBatch\x12>\n" +
+	"\rrelease_grace\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\freleaseGrace\"F\n" +
 	"\x0fConsumeResponse\x123\n" +
 	"\n" +
 	"deliveries\x18\x01 \x03(\v2\x13.delayq.v1.DeliveryR\n" +
@@ -1698,7 +1865,11 @@ const file_delayq_v1_service_proto_rawDesc = "" +
 	"AckRequest\x12!\n" +
 	"\flease_tokens\x18\x01 \x03(\tR\vleaseTokens\"=\n" +
 	"\vAckResponse\x12.\n" +
-	"\aresults\x18\x01 \x03(\x0e2\x14.delayq.v1.AckResultR\aresults\"\x98\x01\n" +
+	"\aresults\x18\x01 \x03(\x0e2\x14.delayq.v1.AckResultR\aresults\"3\n" +
+	"\x0eReleaseRequest\x12!\n" +
+	"\flease_tokens\x18\x01 \x03(\tR\vleaseTokens\"E\n" +
+	"\x0fReleaseResponse\x122\n" +
+	"\aresults\x18\x01 \x03(\x0e2\x18.delayq.v1.ReleaseResultR\aresults\"\x98\x01\n" +
 	"\vNackRequest\x12\x1f\n" +
 	"\vlease_token\x18\x01 \x01(\tR\n" +
 	"leaseToken\x12/\n" +
@@ -1759,12 +1930,18 @@ const file_delayq_v1_service_proto_rawDesc = "" +
 	"\x16ACK_RESULT_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10ACK_RESULT_ACKED\x10\x01\x12\x14\n" +
 	"\x10ACK_RESULT_STALE\x10\x02\x12\x16\n" +
-	"\x12ACK_RESULT_UNKNOWN\x10\x032\xf5\x06\n" +
+	"\x12ACK_RESULT_UNKNOWN\x10\x03*\x82\x01\n" +
+	"\rReleaseResult\x12\x1e\n" +
+	"\x1aRELEASE_RESULT_UNSPECIFIED\x10\x00\x12\x1b\n" +
+	"\x17RELEASE_RESULT_RELEASED\x10\x01\x12\x18\n" +
+	"\x14RELEASE_RESULT_STALE\x10\x02\x12\x1a\n" +
+	"\x16RELEASE_RESULT_UNKNOWN\x10\x032\xb7\a\n" +
 	"\x11DelayQueueService\x12@\n" +
 	"\aEnqueue\x12\x19.delayq.v1.EnqueueRequest\x1a\x1a.delayq.v1.EnqueueResponse\x12O\n" +
 	"\fEnqueueBatch\x12\x1e.delayq.v1.EnqueueBatchRequest\x1a\x1f.delayq.v1.EnqueueBatchResponse\x12B\n" +
 	"\aConsume\x12\x19.delayq.v1.ConsumeRequest\x1a\x1a.delayq.v1.ConsumeResponse0\x01\x124\n" +
-	"\x03Ack\x12\x15.delayq.v1.AckRequest\x1a\x16.delayq.v1.AckResponse\x127\n" +
+	"\x03Ack\x12\x15.delayq.v1.AckRequest\x1a\x16.delayq.v1.AckResponse\x12@\n" +
+	"\aRelease\x12\x19.delayq.v1.ReleaseRequest\x1a\x1a.delayq.v1.ReleaseResponse\x127\n" +
 	"\x04Nack\x12\x16.delayq.v1.NackRequest\x1a\x17.delayq.v1.NackResponse\x12L\n" +
 	"\vExtendLease\x12\x1d.delayq.v1.ExtendLeaseRequest\x1a\x1e.delayq.v1.ExtendLeaseResponse\x12:\n" +
 	"\x05Query\x12\x17.delayq.v1.QueryRequest\x1a\x18.delayq.v1.QueryResponse\x12=\n" +
@@ -1786,97 +1963,104 @@ func file_delayq_v1_service_proto_rawDescGZIP() []byte {
 	return file_delayq_v1_service_proto_rawDescData
 }
 
-var file_delayq_v1_service_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_delayq_v1_service_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_delayq_v1_service_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_delayq_v1_service_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_delayq_v1_service_proto_goTypes = []any{
 	(AckResult)(0),                  // 0: delayq.v1.AckResult
-	(*EnqueueRequest)(nil),          // 1: delayq.v1.EnqueueRequest
-	(*EnqueueResponse)(nil),         // 2: delayq.v1.EnqueueResponse
-	(*EnqueueBatchRequest)(nil),     // 3: delayq.v1.EnqueueBatchRequest
-	(*EnqueueBatchResult)(nil),      // 4: delayq.v1.EnqueueBatchResult
-	(*BatchError)(nil),              // 5: delayq.v1.BatchError
-	(*EnqueueBatchResponse)(nil),    // 6: delayq.v1.EnqueueBatchResponse
-	(*ConsumeRequest)(nil),          // 7: delayq.v1.ConsumeRequest
-	(*ConsumeResponse)(nil),         // 8: delayq.v1.ConsumeResponse
-	(*AckRequest)(nil),              // 9: delayq.v1.AckRequest
-	(*AckResponse)(nil),             // 10: delayq.v1.AckResponse
-	(*NackRequest)(nil),             // 11: delayq.v1.NackRequest
-	(*NackResponse)(nil),            // 12: delayq.v1.NackResponse
-	(*ExtendLeaseRequest)(nil),      // 13: delayq.v1.ExtendLeaseRequest
-	(*ExtendLeaseResponse)(nil),     // 14: delayq.v1.ExtendLeaseResponse
-	(*QueryRequest)(nil),            // 15: delayq.v1.QueryRequest
-	(*QueryResponse)(nil),           // 16: delayq.v1.QueryResponse
-	(*DeleteRequest)(nil),           // 17: delayq.v1.DeleteRequest
-	(*DeleteResponse)(nil),          // 18: delayq.v1.DeleteResponse
-	(*GetQueueStatsRequest)(nil),    // 19: delayq.v1.GetQueueStatsRequest
-	(*GetQueueStatsResponse)(nil),   // 20: delayq.v1.GetQueueStatsResponse
-	(*ListDeadJobsRequest)(nil),     // 21: delayq.v1.ListDeadJobsRequest
-	(*ListDeadJobsResponse)(nil),    // 22: delayq.v1.ListDeadJobsResponse
-	(*RedriveDeadJobsRequest)(nil),  // 23: delayq.v1.RedriveDeadJobsRequest
-	(*RedriveDeadJobsResponse)(nil), // 24: delayq.v1.RedriveDeadJobsResponse
-	(*PurgeDeadJobsRequest)(nil),    // 25: delayq.v1.PurgeDeadJobsRequest
-	(*PurgeDeadJobsResponse)(nil),   // 26: delayq.v1.PurgeDeadJobsResponse
-	nil,                             // 27: delayq.v1.EnqueueRequest.HeadersEntry
-	(*durationpb.Duration)(nil),     // 28: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),   // 29: google.protobuf.Timestamp
-	(*RetryPolicy)(nil),             // 30: delayq.v1.RetryPolicy
-	(*Delivery)(nil),                // 31: delayq.v1.Delivery
-	(JobState)(0),                   // 32: delayq.v1.JobState
-	(*Job)(nil),                     // 33: delayq.v1.Job
-	(*QueueStats)(nil),              // 34: delayq.v1.QueueStats
+	(ReleaseResult)(0),              // 1: delayq.v1.ReleaseResult
+	(*EnqueueRequest)(nil),          // 2: delayq.v1.EnqueueRequest
+	(*EnqueueResponse)(nil),         // 3: delayq.v1.EnqueueResponse
+	(*EnqueueBatchRequest)(nil),     // 4: delayq.v1.EnqueueBatchRequest
+	(*EnqueueBatchResult)(nil),      // 5: delayq.v1.EnqueueBatchResult
+	(*BatchError)(nil),              // 6: delayq.v1.BatchError
+	(*EnqueueBatchResponse)(nil),    // 7: delayq.v1.EnqueueBatchResponse
+	(*ConsumeRequest)(nil),          // 8: delayq.v1.ConsumeRequest
+	(*ConsumeResponse)(nil),         // 9: delayq.v1.ConsumeResponse
+	(*AckRequest)(nil),              // 10: delayq.v1.AckRequest
+	(*AckResponse)(nil),             // 11: delayq.v1.AckResponse
+	(*ReleaseRequest)(nil),          // 12: delayq.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),         // 13: delayq.v1.ReleaseResponse
+	(*NackRequest)(nil),             // 14: delayq.v1.NackRequest
+	(*NackResponse)(nil),            // 15: delayq.v1.NackResponse
+	(*ExtendLeaseRequest)(nil),      // 16: delayq.v1.ExtendLeaseRequest
+	(*ExtendLeaseResponse)(nil),     // 17: delayq.v1.ExtendLeaseResponse
+	(*QueryRequest)(nil),            // 18: delayq.v1.QueryRequest
+	(*QueryResponse)(nil),           // 19: delayq.v1.QueryResponse
+	(*DeleteRequest)(nil),           // 20: delayq.v1.DeleteRequest
+	(*DeleteResponse)(nil),          // 21: delayq.v1.DeleteResponse
+	(*GetQueueStatsRequest)(nil),    // 22: delayq.v1.GetQueueStatsRequest
+	(*GetQueueStatsResponse)(nil),   // 23: delayq.v1.GetQueueStatsResponse
+	(*ListDeadJobsRequest)(nil),     // 24: delayq.v1.ListDeadJobsRequest
+	(*ListDeadJobsResponse)(nil),    // 25: delayq.v1.ListDeadJobsResponse
+	(*RedriveDeadJobsRequest)(nil),  // 26: delayq.v1.RedriveDeadJobsRequest
+	(*RedriveDeadJobsResponse)(nil), // 27: delayq.v1.RedriveDeadJobsResponse
+	(*PurgeDeadJobsRequest)(nil),    // 28: delayq.v1.PurgeDeadJobsRequest
+	(*PurgeDeadJobsResponse)(nil),   // 29: delayq.v1.PurgeDeadJobsResponse
+	nil,                             // 30: delayq.v1.EnqueueRequest.HeadersEntry
+	(*durationpb.Duration)(nil),     // 31: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),   // 32: google.protobuf.Timestamp
+	(*RetryPolicy)(nil),             // 33: delayq.v1.RetryPolicy
+	(*Delivery)(nil),                // 34: delayq.v1.Delivery
+	(JobState)(0),                   // 35: delayq.v1.JobState
+	(*Job)(nil),                     // 36: delayq.v1.Job
+	(*QueueStats)(nil),              // 37: delayq.v1.QueueStats
 }
 var file_delayq_v1_service_proto_depIdxs = []int32{
-	27, // 0: delayq.v1.EnqueueRequest.headers:type_name -> delayq.v1.EnqueueRequest.HeadersEntry
-	28, // 1: delayq.v1.EnqueueRequest.delay:type_name -> google.protobuf.Duration
-	29, // 2: delayq.v1.EnqueueRequest.due_time:type_name -> google.protobuf.Timestamp
-	28, // 3: delayq.v1.EnqueueRequest.ttl:type_name -> google.protobuf.Duration
-	30, // 4: delayq.v1.EnqueueRequest.retry:type_name -> delayq.v1.RetryPolicy
-	29, // 5: delayq.v1.EnqueueResponse.due_time:type_name -> google.protobuf.Timestamp
-	1,  // 6: delayq.v1.EnqueueBatchRequest.requests:type_name -> delayq.v1.EnqueueRequest
-	2,  // 7: delayq.v1.EnqueueBatchResult.response:type_name -> delayq.v1.EnqueueResponse
-	5,  // 8: delayq.v1.EnqueueBatchResult.error:type_name -> delayq.v1.BatchError
-	4,  // 9: delayq.v1.EnqueueBatchResponse.results:type_name -> delayq.v1.EnqueueBatchResult
-	28, // 10: delayq.v1.ConsumeRequest.lease_duration:type_name -> google.protobuf.Duration
-	31, // 11: delayq.v1.ConsumeResponse.deliveries:type_name -> delayq.v1.Delivery
-	0,  // 12: delayq.v1.AckResponse.results:type_name -> delayq.v1.AckResult
-	28, // 13: delayq.v1.NackRequest.delay:type_name -> google.protobuf.Duration
-	32, // 14: delayq.v1.NackResponse.state:type_name -> delayq.v1.JobState
-	29, // 15: delayq.v1.NackResponse.due_time:type_name -> google.protobuf.Timestamp
-	28, // 16: delayq.v1.ExtendLeaseRequest.extension:type_name -> google.protobuf.Duration
-	29, // 17: delayq.v1.ExtendLeaseResponse.lease_deadline:type_name -> google.protobuf.Timestamp
-	33, // 18: delayq.v1.QueryResponse.job:type_name -> delayq.v1.Job
-	32, // 19: delayq.v1.DeleteResponse.previous_state:type_name -> delayq.v1.JobState
-	34, // 20: delayq.v1.GetQueueStatsResponse.stats:type_name -> delayq.v1.QueueStats
-	33, // 21: delayq.v1.ListDeadJobsResponse.jobs:type_name -> delayq.v1.Job
-	1,  // 22: delayq.v1.DelayQueueService.Enqueue:input_type -> delayq.v1.EnqueueRequest
-	3,  // 23: delayq.v1.DelayQueueService.EnqueueBatch:input_type -> delayq.v1.EnqueueBatchRequest
-	7,  // 24: delayq.v1.DelayQueueService.Consume:input_type -> delayq.v1.ConsumeRequest
-	9,  // 25: delayq.v1.DelayQueueService.Ack:input_type -> delayq.v1.AckRequest
-	11, // 26: delayq.v1.DelayQueueService.Nack:input_type -> delayq.v1.NackRequest
-	13, // 27: delayq.v1.DelayQueueService.ExtendLease:input_type -> delayq.v1.ExtendLeaseRequest
-	15, // 28: delayq.v1.DelayQueueService.Query:input_type -> delayq.v1.QueryRequest
-	17, // 29: delayq.v1.DelayQueueService.Delete:input_type -> delayq.v1.DeleteRequest
-	19, // 30: delayq.v1.DelayQueueService.GetQueueStats:input_type -> delayq.v1.GetQueueStatsRequest
-	21, // 31: delayq.v1.DelayQueueService.ListDeadJobs:input_type -> delayq.v1.ListDeadJobsRequest
-	23, // 32: delayq.v1.DelayQueueService.RedriveDeadJobs:input_type -> delayq.v1.RedriveDeadJobsRequest
-	25, // 33: delayq.v1.DelayQueueService.PurgeDeadJobs:input_type -> delayq.v1.PurgeDeadJobsRequest
-	2,  // 34: delayq.v1.DelayQueueService.Enqueue:output_type -> delayq.v1.EnqueueResponse
-	6,  // 35: delayq.v1.DelayQueueService.EnqueueBatch:output_type -> delayq.v1.EnqueueBatchResponse
-	8,  // 36: delayq.v1.DelayQueueService.Consume:output_type -> delayq.v1.ConsumeResponse
-	10, // 37: delayq.v1.DelayQueueService.Ack:output_type -> delayq.v1.AckResponse
-	12, // 38: delayq.v1.DelayQueueService.Nack:output_type -> delayq.v1.NackResponse
-	14, // 39: delayq.v1.DelayQueueService.ExtendLease:output_type -> delayq.v1.ExtendLeaseResponse
-	16, // 40: delayq.v1.DelayQueueService.Query:output_type -> delayq.v1.QueryResponse
-	18, // 41: delayq.v1.DelayQueueService.Delete:output_type -> delayq.v1.DeleteResponse
-	20, // 42: delayq.v1.DelayQueueService.GetQueueStats:output_type -> delayq.v1.GetQueueStatsResponse
-	22, // 43: delayq.v1.DelayQueueService.ListDeadJobs:output_type -> delayq.v1.ListDeadJobsResponse
-	24, // 44: delayq.v1.DelayQueueService.RedriveDeadJobs:output_type -> delayq.v1.RedriveDeadJobsResponse
-	26, // 45: delayq.v1.DelayQueueService.PurgeDeadJobs:output_type -> delayq.v1.PurgeDeadJobsResponse
-	34, // [34:46] is the sub-list for method output_type
-	22, // [22:34] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	30, // 0: delayq.v1.EnqueueRequest.headers:type_name -> delayq.v1.EnqueueRequest.HeadersEntry
+	31, // 1: delayq.v1.EnqueueRequest.delay:type_name -> google.protobuf.Duration
+	32, // 2: delayq.v1.EnqueueRequest.due_time:type_name -> google.protobuf.Timestamp
+	31, // 3: delayq.v1.EnqueueRequest.ttl:type_name -> google.protobuf.Duration
+	33, // 4: delayq.v1.EnqueueRequest.retry:type_name -> delayq.v1.RetryPolicy
+	32, // 5: delayq.v1.EnqueueResponse.due_time:type_name -> google.protobuf.Timestamp
+	2,  // 6: delayq.v1.EnqueueBatchRequest.requests:type_name -> delayq.v1.EnqueueRequest
+	3,  // 7: delayq.v1.EnqueueBatchResult.response:type_name -> delayq.v1.EnqueueResponse
+	6,  // 8: delayq.v1.EnqueueBatchResult.error:type_name -> delayq.v1.BatchError
+	5,  // 9: delayq.v1.EnqueueBatchResponse.results:type_name -> delayq.v1.EnqueueBatchResult
+	31, // 10: delayq.v1.ConsumeRequest.lease_duration:type_name -> google.protobuf.Duration
+	31, // 11: delayq.v1.ConsumeRequest.release_grace:type_name -> google.protobuf.Duration
+	34, // 12: delayq.v1.ConsumeResponse.deliveries:type_name -> delayq.v1.Delivery
+	0,  // 13: delayq.v1.AckResponse.results:type_name -> delayq.v1.AckResult
+	1,  // 14: delayq.v1.ReleaseResponse.results:type_name -> delayq.v1.ReleaseResult
+	31, // 15: delayq.v1.NackRequest.delay:type_name -> google.protobuf.Duration
+	35, // 16: delayq.v1.NackResponse.state:type_name -> delayq.v1.JobState
+	32, // 17: delayq.v1.NackResponse.due_time:type_name -> google.protobuf.Timestamp
+	31, // 18: delayq.v1.ExtendLeaseRequest.extension:type_name -> google.protobuf.Duration
+	32, // 19: delayq.v1.ExtendLeaseResponse.lease_deadline:type_name -> google.protobuf.Timestamp
+	36, // 20: delayq.v1.QueryResponse.job:type_name -> delayq.v1.Job
+	35, // 21: delayq.v1.DeleteResponse.previous_state:type_name -> delayq.v1.JobState
+	37, // 22: delayq.v1.GetQueueStatsResponse.stats:type_name -> delayq.v1.QueueStats
+	36, // 23: delayq.v1.ListDeadJobsResponse.jobs:type_name -> delayq.v1.Job
+	2,  // 24: delayq.v1.DelayQueueService.Enqueue:input_type -> delayq.v1.EnqueueRequest
+	4,  // 25: delayq.v1.DelayQueueService.EnqueueBatch:input_type -> delayq.v1.EnqueueBatchRequest
+	8,  // 26: delayq.v1.DelayQueueService.Consume:input_type -> delayq.v1.ConsumeRequest
+	10, // 27: delayq.v1.DelayQueueService.Ack:input_type -> delayq.v1.AckRequest
+	12, // 28: delayq.v1.DelayQueueService.Release:input_type -> delayq.v1.ReleaseRequest
+	14, // 29: delayq.v1.DelayQueueService.Nack:input_type -> delayq.v1.NackRequest
+	16, // 30: delayq.v1.DelayQueueService.ExtendLease:input_type -> delayq.v1.ExtendLeaseRequest
+	18, // 31: delayq.v1.DelayQueueService.Query:input_type -> delayq.v1.QueryRequest
+	20, // 32: delayq.v1.DelayQueueService.Delete:input_type -> delayq.v1.DeleteRequest
+	22, // 33: delayq.v1.DelayQueueService.GetQueueStats:input_type -> delayq.v1.GetQueueStatsRequest
+	24, // 34: delayq.v1.DelayQueueService.ListDeadJobs:input_type -> delayq.v1.ListDeadJobsRequest
+	26, // 35: delayq.v1.DelayQueueService.RedriveDeadJobs:input_type -> delayq.v1.RedriveDeadJobsRequest
+	28, // 36: delayq.v1.DelayQueueService.PurgeDeadJobs:input_type -> delayq.v1.PurgeDeadJobsRequest
+	3,  // 37: delayq.v1.DelayQueueService.Enqueue:output_type -> delayq.v1.EnqueueResponse
+	7,  // 38: delayq.v1.DelayQueueService.EnqueueBatch:output_type -> delayq.v1.EnqueueBatchResponse
+	9,  // 39: delayq.v1.DelayQueueService.Consume:output_type -> delayq.v1.ConsumeResponse
+	11, // 40: delayq.v1.DelayQueueService.Ack:output_type -> delayq.v1.AckResponse
+	13, // 41: delayq.v1.DelayQueueService.Release:output_type -> delayq.v1.ReleaseResponse
+	15, // 42: delayq.v1.DelayQueueService.Nack:output_type -> delayq.v1.NackResponse
+	17, // 43: delayq.v1.DelayQueueService.ExtendLease:output_type -> delayq.v1.ExtendLeaseResponse
+	19, // 44: delayq.v1.DelayQueueService.Query:output_type -> delayq.v1.QueryResponse
+	21, // 45: delayq.v1.DelayQueueService.Delete:output_type -> delayq.v1.DeleteResponse
+	23, // 46: delayq.v1.DelayQueueService.GetQueueStats:output_type -> delayq.v1.GetQueueStatsResponse
+	25, // 47: delayq.v1.DelayQueueService.ListDeadJobs:output_type -> delayq.v1.ListDeadJobsResponse
+	27, // 48: delayq.v1.DelayQueueService.RedriveDeadJobs:output_type -> delayq.v1.RedriveDeadJobsResponse
+	29, // 49: delayq.v1.DelayQueueService.PurgeDeadJobs:output_type -> delayq.v1.PurgeDeadJobsResponse
+	37, // [37:50] is the sub-list for method output_type
+	24, // [24:37] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_delayq_v1_service_proto_init() }
@@ -1894,8 +2078,8 @@ func file_delayq_v1_service_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_delayq_v1_service_proto_rawDesc), len(file_delayq_v1_service_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   27,
+			NumEnums:      2,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -23,6 +23,7 @@ const (
 	DelayQueueService_EnqueueBatch_FullMethodName    = "/delayq.v1.DelayQueueService/EnqueueBatch"
 	DelayQueueService_Consume_FullMethodName         = "/delayq.v1.DelayQueueService/Consume"
 	DelayQueueService_Ack_FullMethodName             = "/delayq.v1.DelayQueueService/Ack"
+	DelayQueueService_Release_FullMethodName         = "/delayq.v1.DelayQueueService/Release"
 	DelayQueueService_Nack_FullMethodName            = "/delayq.v1.DelayQueueService/Nack"
 	DelayQueueService_ExtendLease_FullMethodName     = "/delayq.v1.DelayQueueService/ExtendLease"
 	DelayQueueService_Query_FullMethodName           = "/delayq.v1.DelayQueueService/Query"
@@ -58,12 +59,25 @@ type DelayQueueServiceClient interface {
 	EnqueueBatch(ctx context.Context, in *EnqueueBatchRequest, opts ...grpc.CallOption) (*EnqueueBatchResponse, error)
 	// Consume opens a stream of deliveries from one or more queues, in priority order.
 	// The server never has more than `max_outstanding` un-acked deliveries on the
-	// stream. When the stream ends, its leased jobs go back to ready at once.
+	// stream, and no ConsumeResponse is larger than the server's byte cap (1 MiB by
+	// default, so a default client's 4 MiB receive limit always holds): a claimed
+	// batch goes out as several messages, and the largest job always fits in one.
+	// When the stream ends, its leased jobs go back to ready (after
+	// `release_grace`, at once by default) and the attempt counts: the client may
+	// have started them. Give back unstarted deliveries with Release instead.
 	// Errors: INVALID_ARGUMENT, UNAVAILABLE.
 	Consume(ctx context.Context, in *ConsumeRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ConsumeResponse], error)
 	// Ack completes deliveries. Each token is answered on its own.
 	// Errors: INVALID_ARGUMENT (no tokens, too many, or malformed), UNAVAILABLE.
 	Ack(ctx context.Context, in *AckRequest, opts ...grpc.CallOption) (*AckResponse, error)
+	// Release gives deliveries back unstarted: each job returns to the front of its
+	// ready list with the attempt not counted (so it is never dead-lettered by a
+	// give-back), and its stream gets the credit back. Each token is answered on its
+	// own. Use it for deliveries a consumer received but did not run (a worker
+	// shutting down, a peek). Close the stream (with a `release_grace`) before
+	// releasing, or the released jobs may be delivered to it again.
+	// Errors: INVALID_ARGUMENT (no tokens, too many, or malformed), UNAVAILABLE.
+	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
 	// Nack gives a delivery back: retried after `delay` (or the job's retry policy),
 	// or dead-lettered when `dead_letter` is set or attempts are exhausted.
 	// Errors: INVALID_ARGUMENT, NOT_FOUND (unknown token), FAILED_PRECONDITION (stale token).
@@ -143,6 +157,16 @@ func (c *delayQueueServiceClient) Ack(ctx context.Context, in *AckRequest, opts 
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(AckResponse)
 	err := c.cc.Invoke(ctx, DelayQueueService_Ack_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *delayQueueServiceClient) Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReleaseResponse)
+	err := c.cc.Invoke(ctx, DelayQueueService_Release_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -254,12 +278,25 @@ type DelayQueueServiceServer interface {
 	EnqueueBatch(context.Context, *EnqueueBatchRequest) (*EnqueueBatchResponse, error)
 	// Consume opens a stream of deliveries from one or more queues, in priority order.
 	// The server never has more than `max_outstanding` un-acked deliveries on the
-	// stream. When the stream ends, its leased jobs go back to ready at once.
+	// stream, and no ConsumeResponse is larger than the server's byte cap (1 MiB by
+	// default, so a default client's 4 MiB receive limit always holds): a claimed
+	// batch goes out as several messages, and the largest job always fits in one.
+	// When the stream ends, its leased jobs go back to ready (after
+	// `release_grace`, at once by default) and the attempt counts: the client may
+	// have started them. Give back unstarted deliveries with Release instead.
 	// Errors: INVALID_ARGUMENT, UNAVAILABLE.
 	Consume(*ConsumeRequest, grpc.ServerStreamingServer[ConsumeResponse]) error
 	// Ack completes deliveries. Each token is answered on its own.
 	// Errors: INVALID_ARGUMENT (no tokens, too many, or malformed), UNAVAILABLE.
 	Ack(context.Context, *AckRequest) (*AckResponse, error)
+	// Release gives deliveries back unstarted: each job returns to the front of its
+	// ready list with the attempt not counted (so it is never dead-lettered by a
+	// give-back), and its stream gets the credit back. Each token is answered on its
+	// own. Use it for deliveries a consumer received but did not run (a worker
+	// shutting down, a peek). Close the stream (with a `release_grace`) before
+	// releasing, or the released jobs may be delivered to it again.
+	// Errors: INVALID_ARGUMENT (no tokens, too many, or malformed), UNAVAILABLE.
+	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
 	// Nack gives a delivery back: retried after `delay` (or the job's retry policy),
 	// or dead-lettered when `dead_letter` is set or attempts are exhausted.
 	// Errors: INVALID_ARGUMENT, NOT_FOUND (unknown token), FAILED_PRECONDITION (stale token).
@@ -307,6 +344,9 @@ func (UnimplementedDelayQueueServiceServer) Consume(*ConsumeRequest, grpc.Server
 }
 func (UnimplementedDelayQueueServiceServer) Ack(context.Context, *AckRequest) (*AckResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Ack not implemented")
+}
+func (UnimplementedDelayQueueServiceServer) Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Release not implemented")
 }
 func (UnimplementedDelayQueueServiceServer) Nack(context.Context, *NackRequest) (*NackResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Nack not implemented")
@@ -414,6 +454,24 @@ func _DelayQueueService_Ack_Handler(srv interface{}, ctx context.Context, dec fu
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(DelayQueueServiceServer).Ack(ctx, req.(*AckRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _DelayQueueService_Release_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReleaseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DelayQueueServiceServer).Release(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: DelayQueueService_Release_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DelayQueueServiceServer).Release(ctx, req.(*ReleaseRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -580,6 +638,10 @@ var DelayQueueService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Ack",
 			Handler:    _DelayQueueService_Ack_Handler,
+		},
+		{
+			MethodName: "Release",
+			Handler:    _DelayQueueService_Release_Handler,
 		},
 		{
 			MethodName: "Nack",

@@ -12,7 +12,7 @@ from delayq.errors import DelayqError, EnqueueBatchError, from_status
 from delayq.models import EnqueueResult, Job
 from delayq.v1 import service_pb2
 
-__all__ = ["AckOutcome", "DeadPage", "chunk_requests", "collect_batch"]
+__all__ = ["AckOutcome", "DeadPage", "ReleaseOutcome", "chunk_requests", "collect_batch"]
 
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE})
 
@@ -31,6 +31,14 @@ class AckOutcome:
     ACKED = service_pb2.ACK_RESULT_ACKED
     STALE = service_pb2.ACK_RESULT_STALE
     UNKNOWN = service_pb2.ACK_RESULT_UNKNOWN
+
+
+class ReleaseOutcome:
+    """Names of delayq.v1.ReleaseResult values."""
+
+    RELEASED = service_pb2.RELEASE_RESULT_RELEASED
+    STALE = service_pb2.RELEASE_RESULT_STALE
+    UNKNOWN = service_pb2.RELEASE_RESULT_UNKNOWN
 
 
 def chunk_requests(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -234,3 +234,25 @@ def stats_from_proto(msg: job_pb2.QueueStats) -> QueueStats:
         dead_lettered_total=msg.dead_lettered_total,
         expired_total=msg.expired_total,
     )
+
+
+def consume_request(
+    namespace: str,
+    queues: Sequence[str],
+    max_outstanding: int,
+    lease: DurationLike | None,
+    max_batch: int,
+    release_grace: DurationLike | None,
+) -> service_pb2.ConsumeRequest:
+    """The ConsumeRequest of Client.consume, AsyncClient.consume_call and the Worker."""
+    req = service_pb2.ConsumeRequest(
+        namespace=namespace,
+        queues=list(queues),
+        max_outstanding=max_outstanding,
+        max_batch=max_batch,
+    )
+    if lease is not None:
+        req.lease_duration.CopyFrom(to_duration(lease))
+    if release_grace is not None:
+        req.release_grace.CopyFrom(to_duration(release_grace))
+    return req

@@ -277,16 +277,12 @@ class AsyncClient:
         max_outstanding: int,
         lease: DurationLike | None = None,
         max_batch: int = 0,
+        release_grace: DurationLike | None = None,
     ) -> aio.UnaryStreamCall[service_pb2.ConsumeRequest, service_pb2.ConsumeResponse]:
         """Open a raw Consume stream (for `delayq.Worker` and tools that cancel it themselves)."""
-        req = service_pb2.ConsumeRequest(
-            namespace=self.namespace,
-            queues=list(queues),
-            max_outstanding=max_outstanding,
-            max_batch=max_batch,
+        req = _convert.consume_request(
+            self.namespace, queues, max_outstanding, lease, max_batch, release_grace
         )
-        if lease is not None:
-            req.lease_duration.CopyFrom(_convert.to_duration(lease))
         return self._stub.Consume(req)
 
     async def consume(
@@ -296,10 +292,15 @@ class AsyncClient:
         max_outstanding: int = 100,
         lease: DurationLike | None = None,
         max_batch: int = 0,
+        release_grace: DurationLike | None = None,
     ) -> AsyncIterator[Delivery]:
         """Yield deliveries from a Consume stream; see `delayq.Client.consume`."""
         call = self.consume_call(
-            queues, max_outstanding=max_outstanding, lease=lease, max_batch=max_batch
+            queues,
+            max_outstanding=max_outstanding,
+            lease=lease,
+            max_batch=max_batch,
+            release_grace=release_grace,
         )
         try:
             async for msg in call:
@@ -322,6 +323,24 @@ class AsyncClient:
         req = service_pb2.AckRequest(lease_tokens=list(lease_tokens))
         resp = await self._call(
             self._stub.Ack, req, idempotent=True, timeout=timeout, retry_deadline=retry_deadline
+        )
+        return list(resp.results)
+
+    async def release(
+        self,
+        lease_tokens: Sequence[str],
+        *,
+        timeout: float | None = None,
+        retry_deadline: float | None = None,
+    ) -> list[int]:
+        """Give deliveries back unstarted; see `delayq.Client.release`."""
+        req = service_pb2.ReleaseRequest(lease_tokens=list(lease_tokens))
+        resp = await self._call(
+            self._stub.Release,
+            req,
+            idempotent=True,
+            timeout=timeout,
+            retry_deadline=retry_deadline,
         )
         return list(resp.results)
 

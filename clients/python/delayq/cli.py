@@ -32,6 +32,9 @@ __all__ = ["main"]
 #: number of INVALID_ARGUMENT, as every server refusal exits with its status number.
 EXIT_BAD_INPUT = 3
 _FILE_CHUNK = 5000
+#: How long the server keeps `tail`'s leases after its stream closes: time enough
+#: for the Release that follows (capped at --lease, as the server requires).
+TAIL_RELEASE_GRACE = timedelta(seconds=10)
 
 
 class InputError(Exception):
@@ -131,7 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--ack",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="ack what is printed (default); --no-ack leaves jobs to be released on exit",
+        help="ack what is printed (default); --no-ack peeks: what is printed is given "
+        "back on exit without counting an attempt",
     )
     t.add_argument("-c", "--count", type=int, help="exit after this many jobs")
     t.add_argument("--idle-timeout", type=_duration, help="exit after this long without jobs")
@@ -432,10 +436,17 @@ async def _tail(args: argparse.Namespace, out: TextIO) -> int:
     idle = args.idle_timeout.total_seconds() if args.idle_timeout else None
     max_outstanding = max(1, min(args.max_outstanding, limit or 10000, 10000))
     seen = 0
+    # Deliveries not acked (not printed, or all with --no-ack) are given back with
+    # Release after the stream closes, so peeking never uses an attempt. The
+    # grace keeps their tokens valid until then (it is at most the lease).
+    grace = min(TAIL_RELEASE_GRACE, args.lease)
+    give_back: list[str] = []
     async with AsyncClient(
         args.target, namespace=args.namespace, timeout=args.timeout, retry_deadline=args.timeout
     ) as client:
-        call = client.consume_call(args.queues, max_outstanding=max_outstanding, lease=args.lease)
+        call = client.consume_call(
+            args.queues, max_outstanding=max_outstanding, lease=args.lease, release_grace=grace
+        )
         try:
             stream = call.__aiter__()
             while limit is None or seen < limit:
@@ -446,7 +457,8 @@ async def _tail(args: argparse.Namespace, out: TextIO) -> int:
                 tokens = []
                 for d in msg.deliveries:
                     if limit is not None and seen >= limit:
-                        break  # not printed, not acked: released when the stream closes
+                        give_back.append(d.lease_token)  # not printed
+                        continue
                     delivery = delivery_from_proto(d, client.serializer)
                     line = {
                         "queue": delivery.queue,
@@ -463,13 +475,18 @@ async def _tail(args: argparse.Namespace, out: TextIO) -> int:
                     tokens.append(delivery.lease_token)
                     seen += 1
                 out.flush()
-                if args.ack and tokens:
+                if not args.ack:
+                    give_back += tokens
+                elif tokens:
                     for i in range(0, len(tokens), 1000):
                         await client.ack(tokens[i : i + 1000])
         except grpc.RpcError as exc:
             raise from_rpc_error(exc) from None
         finally:
             call.cancel()
+            # Released after the close: an open stream would get them straight back.
+            for i in range(0, len(give_back), 1000):
+                await client.release(give_back[i : i + 1000])
     return 0
 
 

@@ -280,22 +280,21 @@ class Client:
         max_outstanding: int = 100,
         lease: DurationLike | None = None,
         max_batch: int = 0,
+        release_grace: DurationLike | None = None,
     ) -> Iterator[Delivery]:
         """Open a Consume stream and yield deliveries until the iterator is closed.
 
-        The caller must `ack`/`nack` each delivery; the stream never holds more
-        than `max_outstanding` un-acked ones. Closing the iterator closes the
-        stream, and the server puts its still-leased jobs back to ready.
+        The caller must `ack`/`nack` each delivery (or `release` it unstarted);
+        the stream never holds more than `max_outstanding` un-acked ones. Closing
+        the iterator closes the stream, and the server puts its still-leased jobs
+        back to ready, counting their attempts, after `release_grace` (at once
+        when unset). To give deliveries back uncounted, close the iterator with a
+        grace set and then `release` their tokens.
         For handlers, retries, renewal and shutdown use `delayq.Worker`.
         """
-        req = service_pb2.ConsumeRequest(
-            namespace=self.namespace,
-            queues=list(queues),
-            max_outstanding=max_outstanding,
-            max_batch=max_batch,
+        req = _convert.consume_request(
+            self.namespace, queues, max_outstanding, lease, max_batch, release_grace
         )
-        if lease is not None:
-            req.lease_duration.CopyFrom(_convert.to_duration(lease))
         call = self._stub.Consume(req)
         try:
             for msg in call:
@@ -311,6 +310,18 @@ class Client:
         """Complete deliveries; returns one delayq.v1.AckResult value per token."""
         req = service_pb2.AckRequest(lease_tokens=list(lease_tokens))
         resp = self._call(self._stub.Ack, req, idempotent=True, timeout=timeout)
+        return list(resp.results)
+
+    def release(self, lease_tokens: Sequence[str], *, timeout: float | None = None) -> list[int]:
+        """Give deliveries back unstarted: ready again, attempts not counted.
+
+        Returns one delayq.v1.ReleaseResult value per token (RELEASED, or STALE /
+        UNKNOWN for tokens no longer current). Safe to repeat, so retried on
+        UNAVAILABLE. Release after closing the stream (with a `release_grace`),
+        or the server may deliver the jobs to that stream again.
+        """
+        req = service_pb2.ReleaseRequest(lease_tokens=list(lease_tokens))
+        resp = self._call(self._stub.Release, req, idempotent=True, timeout=timeout)
         return list(resp.results)
 
     def nack(

@@ -23,7 +23,7 @@ import grpc
 from delayq import _convert
 from delayq._backoff import Backoff
 from delayq._channel import DEFAULT_TARGET
-from delayq._common import AckOutcome
+from delayq._common import AckOutcome, ReleaseOutcome
 from delayq._convert import DurationLike
 from delayq.aio import AsyncClient
 from delayq.errors import DelayqError, from_rpc_error
@@ -66,7 +66,9 @@ class WorkerStats:
     leases_extended: int = 0
     leases_lost: int = 0
     reconnects: int = 0
-    released_on_shutdown: int = 0
+    released: int = 0  # given back unstarted (Release): attempts not counted
+    released_on_shutdown: int = 0  # ... of which at shutdown
+    abandoned_on_shutdown: int = 0  # started, still running when the grace ran out
 
 
 @dataclass
@@ -89,16 +91,25 @@ class Worker:
     dead-lettered once attempts run out). Coroutine handlers run on the event
     loop; plain functions run in a thread pool of `concurrency` threads.
 
-    At most `concurrency` jobs are leased at once (the stream's
-    `max_outstanding`). Leases are `lease` long and extended while a handler
-    runs past half of it. Acks are batched: tokens finished while an Ack call
-    is in flight go out together in the next one. When the stream breaks
-    (server restart, network), the worker reconnects with jittered backoff;
-    pending acks are retried until the server answers.
+    At most `concurrency` jobs run at once; `prefetch` more may wait leased
+    (the stream's `max_outstanding` is their sum). Leases are `lease` long and
+    extended while a handler runs past half of it. Acks are batched: tokens
+    finished while an Ack call is in flight go out together in the next one.
 
-    `run()` blocks and handles SIGTERM/SIGINT: stop taking work, let in-flight
-    handlers finish for up to `grace`, flush acks, then close the stream so the
-    server releases every job not finished. A second signal skips the grace.
+    Deliveries the worker received but did not start are given back with
+    Release, so their attempts are not counted (shutdown, a broken stream).
+    The stream asks the server for a `release_grace` (5 s by default, at most
+    `lease`): when the stream breaks (a transport blip), the server keeps its
+    leases that long, so the worker reconnects, gives back what it had not
+    started, extends what is running, and running handlers still ack over unary
+    calls instead of their jobs running twice. The cost: after a real crash of
+    the worker its jobs are redelivered after the grace instead of at once
+    (docs/decisions.md). `release_grace=0` restores at-once release.
+
+    `run()` blocks and handles SIGTERM/SIGINT: stop taking work (closing the
+    stream; the grace keeps the leases), give back what was not started, let
+    in-flight handlers finish for up to `grace`, flush acks, and retry at once
+    (nack) whatever is still running. A second signal skips the grace.
     """
 
     def __init__(
@@ -107,8 +118,10 @@ class Worker:
         *,
         namespace: str = "default",
         concurrency: int = 16,
+        prefetch: int = 0,
         lease: DurationLike = timedelta(seconds=30),
         grace: DurationLike = timedelta(seconds=30),
+        release_grace: DurationLike = timedelta(seconds=5),
         max_batch: int = 0,
         ack_batch: int = 1000,
         ack_concurrency: int = 2,
@@ -123,11 +136,19 @@ class Worker:
         lease_td = _convert.to_timedelta(lease)
         if lease_td < timedelta(seconds=1):
             raise ValueError("lease must be at least 1 s (the server's minimum)")
+        if prefetch < 0:
+            raise ValueError("prefetch must not be negative")
+        release_grace_td = _convert.to_timedelta(release_grace)
+        if release_grace_td < timedelta(0):
+            raise ValueError("release_grace must not be negative")
         self.target = target
         self.namespace = namespace
         self.concurrency = concurrency
+        self.prefetch = prefetch
         self.lease = lease_td
         self.grace = _convert.to_timedelta(grace)
+        # The server accepts at most the lease: a longer grace would outlive it.
+        self.release_grace = min(release_grace_td, lease_td)
         self.max_batch = max_batch
         self.ack_batch = max(1, min(ack_batch, 1000))
         self.ack_concurrency = max(1, ack_concurrency)
@@ -252,7 +273,14 @@ class Worker:
         assert self._stopping is not None
         self._stopping.set()
         deadline = time.monotonic() + (0.0 if self._hurry else self.grace.total_seconds())
-        # 1. Finish what has started, within the grace period.
+        grace_on = self.release_grace > timedelta(0)
+        if grace_on:
+            # 1. No new deliveries: close the stream now. The server keeps its
+            # leases for the release grace; what runs is extended (kept), what
+            # was never started is given back uncounted.
+            self._close_stream(consumer)
+            await self._settle_unstarted_and_keep_running(shutdown=True)
+        # 2. Finish what has started, within the grace period.
         while True:
             started = [f.task for f in self._inflight.values() if f.started and f.task]
             if not started or self._hurry:
@@ -261,26 +289,77 @@ class Worker:
             if remaining <= 0:
                 break
             await asyncio.wait(started, timeout=min(remaining, 0.5))
-        # 2. Flush acks while the stream is still open: closing it releases every lease.
+        # 3. Flush acks (without a release grace: while the stream is still open,
+        # since closing it releases every lease at once).
         remaining = max(deadline - time.monotonic(), 2.0)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._acks_drained.wait(), remaining)
-        # 3. Close the stream; the server puts every job we did not finish back to ready.
         unfinished = [f for f in self._inflight.values() if f.task is None or not f.task.done()]
-        self.stats.released_on_shutdown += len(unfinished)
-        if unfinished:
+        running = [f for f in unfinished if f.started and not f.lost]
+        if not grace_on:
+            # 4a. Close the stream: the server releases every job not finished, counted.
+            if unfinished:
+                log.warning(
+                    "closing with %d jobs unfinished; the server releases them", len(unfinished)
+                )
+            self._close_stream(consumer)
+        elif running:
+            # 4b. Handlers that outran the grace: retried at once, attempt counted.
+            self.stats.abandoned_on_shutdown += len(running)
             log.warning(
-                "closing with %d jobs unfinished; the server releases them", len(unfinished)
+                "%d handlers still running after the grace; retrying their jobs", len(running)
             )
-        if self._call is not None:
-            self._call.cancel()
-        consumer.cancel()
+            # Bounded: _nack retries UNAVAILABLE, and a gone server must not hang us.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    asyncio.gather(
+                        *(
+                            self._nack(f, delay=timedelta(0), reason="worker shut down mid-job")
+                            for f in running
+                        ),
+                        return_exceptions=True,
+                    ),
+                    timeout=5.0,
+                )
         for f in unfinished:
             if f.task is not None:
                 f.task.cancel()
         tasks = [f.task for f in unfinished if f.task is not None] + list(self._background)
         if tasks:
             await asyncio.wait(tasks, timeout=1.0)
+
+    def _close_stream(self, consumer: asyncio.Task[None]) -> None:
+        if self._call is not None:
+            self._call.cancel()
+        consumer.cancel()
+
+    async def _settle_unstarted_and_keep_running(self, *, shutdown: bool) -> None:
+        """After the stream closed (with a release grace): give back every delivery
+        not started, uncounted, and extend every running one at once, so the
+        server's grace does not release it under its handler."""
+        unstarted = [f for f in self._inflight.values() if not f.started and not f.lost]
+        for f in unstarted:
+            f.lost = True  # never starts now: its task returns when it gets a slot
+        for f in self._inflight.values():
+            if f.started and not f.lost:
+                task = asyncio.create_task(self._extend(f))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+        tokens = [f.delivery.lease_token for f in unstarted]
+        released = 0
+        for i in range(0, len(tokens), 1000):
+            try:
+                results = await self._client.release(
+                    tokens[i : i + 1000],
+                    retry_deadline=self.release_grace.total_seconds(),
+                )
+            except DelayqError as err:
+                log.warning("Release of %d deliveries failed: %s", len(tokens[i : i + 1000]), err)
+                continue
+            released += sum(1 for r in results if r == ReleaseOutcome.RELEASED)
+        self.stats.released += released
+        if shutdown:
+            self.stats.released_on_shutdown += released
 
     # -- consuming --------------------------------------------------------------------
 
@@ -290,9 +369,10 @@ class Worker:
         while not self._stopping.is_set():
             call = self._client.consume_call(
                 self.queues,
-                max_outstanding=self.concurrency,
+                max_outstanding=self.concurrency + self.prefetch,
                 lease=self.lease,
                 max_batch=self.max_batch,
+                release_grace=self.release_grace if self.release_grace else None,
             )
             self._call = call
             try:
@@ -311,7 +391,15 @@ class Worker:
                 log.warning("Consume stream broke (%s); reconnecting", err)
             finally:
                 self._call = None
-            self._forget_unstarted()
+            if self.release_grace > timedelta(0):
+                # The server keeps this stream's leases for the grace: settle them.
+                settle = asyncio.create_task(
+                    self._settle_unstarted_and_keep_running(shutdown=False)
+                )
+                self._background.add(settle)
+                settle.add_done_callback(self._background.discard)
+            else:
+                self._forget_unstarted()
             self.stats.reconnects += 1
             wait = self._reconnect_backoff.delay(failures)
             failures += 1
@@ -319,8 +407,8 @@ class Worker:
                 await asyncio.wait_for(self._stopping.wait(), wait)
 
     def _forget_unstarted(self) -> None:
-        # The server released (or will expire) the leases of a closed stream; work not
-        # yet started would only be acked as stale, so drop it.
+        # Without a release grace the server released the leases of a closed stream
+        # at once; work not yet started would only be acked as stale, so drop it.
         for f in self._inflight.values():
             if not f.started and f.task is not None:
                 f.lost = True
@@ -331,7 +419,7 @@ class Worker:
         entry = _Inflight(delivery=delivery, received=time.monotonic())
         self._inflight[delivery.lease_token] = entry
         if self._stopping.is_set():
-            return  # held: the server releases it when the stream closes
+            return  # held: given back at shutdown (or released when the stream closes)
         entry.task = asyncio.create_task(self._process(entry))
         self._schedule_renewal(delivery.lease_token, entry.received)
 
@@ -366,7 +454,9 @@ class Worker:
                     if not entry.lost:
                         self._queue_ack(token)
         finally:
-            self._inflight.pop(token, None)
+            if entry.started or entry.lost:
+                self._inflight.pop(token, None)
+            # else: never started (stopping): stays listed so shutdown gives it back
 
     async def _invoke(self, fn: Handler, d: Delivery) -> None:
         if inspect.iscoroutinefunction(fn):

@@ -32,6 +32,15 @@ export interface WorkOptions {
   drainTimeoutMs?: number;
   /** Cap on the wait between attempts to reopen a broken stream. Default 5 000 ms. */
   maxReconnectBackoffMs?: number;
+  /**
+   * How long the server keeps the stream's leases after the stream ends (the
+   * request's release_grace). Within it, deliveries not started are given back
+   * with Release (attempts not counted) and running handlers keep their leases
+   * and still settle, so a transport blip never runs a job twice; after a real
+   * crash the jobs are redelivered after the grace. Default 5 000 ms, capped at
+   * leaseMs; 0: none (leases released, attempts counted, when the stream ends).
+   */
+  releaseGraceMs?: number;
   /** Stops the loop: running handlers finish and settle, then work() resolves. */
   signal?: AbortSignal;
   /**
@@ -74,6 +83,8 @@ export class LeaseLostError extends Error {
 }
 
 const SETTLE_TIMEOUT_MS = 10_000;
+/** The server's cap on tokens in one Ack or Release. */
+const MAX_TOKENS_PER_CALL = 1000;
 const MAX_REASON_BYTES = 4096;
 const PERMANENT = new Set([Code.InvalidArgument, Code.Unauthenticated, Code.PermissionDenied, Code.Unimplemented]);
 
@@ -86,6 +97,7 @@ interface Settings {
   renewEveryMs: number;
   drainTimeoutMs: number;
   maxReconnectBackoffMs: number;
+  releaseGraceMs: number;
   signal: AbortSignal;
   onError: (error: unknown, delivery?: Delivery) => void;
 }
@@ -107,6 +119,7 @@ export async function work(service: Service, namespace: string, options: WorkOpt
     renewEveryMs: options.renewEveryMs ?? leaseMs / 3,
     drainTimeoutMs: options.drainTimeoutMs ?? 30_000,
     maxReconnectBackoffMs: options.maxReconnectBackoffMs ?? 5_000,
+    releaseGraceMs: Math.max(0, Math.min(options.releaseGraceMs ?? 5_000, leaseMs)),
     signal: options.signal ?? new AbortController().signal,
     onError: options.onError ?? (() => {}),
   };
@@ -131,42 +144,72 @@ const STOP = Symbol("stop");
 
 /** Runs one Consume stream until it breaks or the loop is stopped. */
 async function consumeStream(service: Service, namespace: string, s: Settings, handler: Handler): Promise<void> {
-  // The stream outlives the stop signal: acks must reach the server while it
-  // is open, because closing it releases every lease it holds.
+  // Without a release grace the stream outlives the stop signal: acks must
+  // reach the server while it is open, because closing it releases every lease.
   const stream = new AbortController();
   const handlers = new AbortController();
+  // Aborted when the stream ends within its grace: running handlers extend
+  // their leases at once, so the grace does not release them.
+  const keep = new AbortController();
+  const graceOn = s.releaseGraceMs > 0;
   const running = new Set<Promise<void>>();
+  const pending: Delivery[] = []; // received, not started
   const stopped = new Promise<typeof STOP>((resolve) => {
     if (s.signal.aborted) resolve(STOP);
     s.signal.addEventListener("abort", () => resolve(STOP), { once: true });
   });
   const responses = service
     .consume(
-      { namespace, queues: s.queues, maxOutstanding: s.concurrency, leaseDuration: durationFromMs(s.leaseMs) },
+      {
+        namespace,
+        queues: s.queues,
+        maxOutstanding: s.concurrency,
+        leaseDuration: durationFromMs(s.leaseMs),
+        ...(graceOn ? { releaseGrace: durationFromMs(s.releaseGraceMs) } : {}),
+      },
       { signal: stream.signal },
     )
     [Symbol.asyncIterator]();
+  /** Closes the stream; keeps what runs; gives back what never started. */
+  const endWithGrace = async (): Promise<void> => {
+    stream.abort();
+    keep.abort();
+    await giveBack(service, s, pending.splice(0));
+  };
   try {
     for (;;) {
       const next = responses.next();
       next.catch(() => {}); // may reject after a stop, when nobody awaits it
       const got = await Promise.race([next, stopped]);
       if (got === STOP) {
+        if (graceOn) await endWithGrace();
         await drain(running, handlers, s.drainTimeoutMs);
         return;
       }
       if (got.done === true) {
         throw new Error("delayq: server ended the Consume stream");
       }
-      for (const delivery of got.value.deliveries) {
+      pending.push(...got.value.deliveries);
+      while (pending.length > 0) {
         while (running.size >= s.concurrency) {
-          await Promise.race(running);
+          if ((await Promise.race([Promise.race(running), stopped])) === STOP) break;
         }
-        const p = processDelivery(service, s, handler, delivery, handlers.signal).finally(() => running.delete(p));
+        if (s.signal.aborted) break;
+        const delivery = pending.shift() as Delivery;
+        const p = processDelivery(service, s, handler, delivery, handlers.signal, keep.signal).finally(() =>
+          running.delete(p),
+        );
         running.add(p);
       }
     }
   } catch (err) {
+    if (graceOn) {
+      // The server keeps the leases for the grace: running handlers keep
+      // theirs and settle over unary calls; then the loop reconnects.
+      await endWithGrace();
+      await Promise.allSettled(running);
+      throw err;
+    }
     // The server released this stream's leases: running handlers can no
     // longer settle, so stop them.
     handlers.abort();
@@ -174,6 +217,18 @@ async function consumeStream(service: Service, namespace: string, s: Settings, h
     throw err;
   } finally {
     stream.abort();
+  }
+}
+
+/** Gives back deliveries that were never started: ready again, attempts not counted. */
+async function giveBack(service: Service, s: Settings, deliveries: Delivery[]): Promise<void> {
+  for (let i = 0; i < deliveries.length; i += MAX_TOKENS_PER_CALL) {
+    const leaseTokens = deliveries.slice(i, i + MAX_TOKENS_PER_CALL).map((d) => d.leaseToken);
+    try {
+      await service.release({ leaseTokens }, { timeoutMs: Math.min(SETTLE_TIMEOUT_MS, s.releaseGraceMs) });
+    } catch (err) {
+      s.onError(new Error(`delayq: release of ${leaseTokens.length} unstarted deliveries failed`, { cause: err }));
+    }
   }
 }
 
@@ -194,13 +249,14 @@ async function processDelivery(
   handler: Handler,
   delivery: Delivery,
   parent: AbortSignal,
+  keep: AbortSignal,
 ): Promise<void> {
   const local = new AbortController();
   const signal = AbortSignal.any([parent, local.signal]);
   const token = delivery.leaseToken;
   let lost = false;
   let renewing: Promise<void> = Promise.resolve();
-  const timer = setInterval(() => {
+  const renew = (): void => {
     renewing = renewing.then(async () => {
       if (lost || local.signal.aborted) return;
       try {
@@ -219,7 +275,9 @@ async function processDelivery(
         }
       }
     });
-  }, s.renewEveryMs);
+  };
+  const timer = setInterval(renew, s.renewEveryMs);
+  keep.addEventListener("abort", renew, { once: true });
 
   let failure: unknown = undefined;
   let failed = false;
@@ -230,6 +288,7 @@ async function processDelivery(
     failure = err;
   } finally {
     clearInterval(timer);
+    keep.removeEventListener("abort", renew);
   }
   await renewing;
   if (lost) return;

@@ -6,7 +6,7 @@ import { test } from "node:test";
 import { ConnectError, Code } from "@connectrpc/connect";
 import { timestampMs } from "@bufbuild/protobuf/wkt";
 
-import { DelayQClient, JobState, retryAfter, type Delivery, type WorkOptions } from "../src/index.js";
+import { DelayQClient, JobState, ReleaseResult, retryAfter, type Delivery, type WorkOptions } from "../src/index.js";
 
 const address = process.env["DELAYQ_ADDR"];
 if (address === undefined || address === "") {
@@ -144,4 +144,44 @@ test("an invalid queue name is refused with INVALID_ARGUMENT", async () => {
     client.work({ queues: ["bad{name}"] }, async () => {}),
     (err: unknown) => err instanceof ConnectError && err.code === Code.InvalidArgument,
   );
+});
+
+test("release gives a delivery back uncounted; a handler running at shutdown still acks", async () => {
+  const queue = queueName();
+  const { jobId } = await client.enqueue(queue, "x", { maxAttempts: 1 });
+  // Release, as the worker uses it for deliveries it did not start: after closing
+  // a stream that has a grace, the job is ready again with no attempt counted.
+  const peek = new AbortController();
+  const stream = client.service
+    .consume({ queues: [queue], maxOutstanding: 1, releaseGrace: { seconds: 5n, nanos: 0 } }, { signal: peek.signal })
+    [Symbol.asyncIterator]();
+  const first = await withDeadline(stream.next(), 20_000, "first delivery");
+  assert.equal(first.done, false);
+  const token = first.done === false ? (first.value.deliveries[0]?.leaseToken ?? "") : "";
+  peek.abort();
+  await stream.return?.().catch(() => {});
+  const rel = await client.service.release({ leaseTokens: [token, token] });
+  assert.deepEqual(rel.results, [ReleaseResult.RELEASED, ReleaseResult.STALE]);
+  const job = (await client.service.query({ queue, jobId })).job;
+  assert.equal(job?.state, JobState.READY);
+  assert.equal(job?.attempts, 0);
+
+  // The worker's shutdown (default grace): the stream closes first, the running
+  // handler still acks over a unary call, and the job is not redelivered.
+  let started = (): void => {};
+  const startedP = new Promise<void>((r) => (started = r));
+  let finish = (): void => {};
+  const finishP = new Promise<void>((r) => (finish = r));
+  const stop = new AbortController();
+  const errors: unknown[] = [];
+  const loop = client.work({ queues: [queue], signal: stop.signal, onError: (e) => errors.push(e) }, async () => {
+    started();
+    await finishP;
+  });
+  await withDeadline(startedP, 20_000, "delivery to the worker");
+  stop.abort();
+  finish();
+  await withDeadline(loop, 20_000, "shutdown");
+  assert.deepEqual(errors, []);
+  await eventually(() => isSettled(queue, jobId), 5_000, "job acked");
 });

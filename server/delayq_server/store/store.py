@@ -87,6 +87,15 @@ class AckOutcome:
     UNKNOWN = 3
 
 
+class ReleaseOutcome:
+    """release.lua's per-lease codes."""
+
+    RELEASED = 1
+    STALE = 2
+    UNKNOWN = 3
+    DEAD = 4  # a counted release on the final attempt
+
+
 @dataclass(frozen=True, slots=True)
 class NackOutcome:
     state: JobState
@@ -354,16 +363,30 @@ class Store:
         Leases whose nonce is in ``unsent`` were claimed but never reached the
         stream: their attempt is not counted.
         """
-        released = 0
-        for start in range(0, len(leases), MAX_BATCH):
-            chunk = leases[start : start + MAX_BATCH]
+        codes = await self._release(
+            keys, [(lease, lease.nonce not in unsent) for lease in leases], now_ms
+        )
+        return sum(1 for c in codes if c == ReleaseOutcome.RELEASED)
+
+    async def give_back(
+        self, keys: ShardKeys, leases: Sequence[LeaseRef], now_ms: int | None = None
+    ) -> list[int]:
+        """Releases deliveries a consumer did not start, attempts not counted;
+        one ReleaseOutcome code per lease."""
+        return await self._release(keys, [(lease, False) for lease in leases], now_ms)
+
+    async def _release(
+        self, keys: ShardKeys, items: Sequence[tuple[LeaseRef, bool]], now_ms: int | None
+    ) -> list[int]:
+        codes: list[int] = []
+        for start in range(0, len(items), MAX_BATCH):
+            chunk = items[start : start + MAX_BATCH]
             args: list[Any] = [keys.prefix, _now_arg(now_ms), EVENTS_CHANNEL, len(chunk)]
-            for lease in chunk:
-                args += [lease.job_id, lease.nonce, 0 if lease.nonce in unsent else 1]
-            released += int(
-                await self._run("release", [keys.ready, keys.leased, keys.dead, keys.stats], args)
-            )
-        return released
+            for lease, counted in chunk:
+                args += [lease.job_id, lease.nonce, 1 if counted else 0]
+            out = await self._run("release", [keys.ready, keys.leased, keys.dead, keys.stats], args)
+            codes += [int(x) for x in out]
+        return codes
 
     def _all_keys(self, keys: ShardKeys) -> list[str]:
         return [

@@ -27,7 +27,7 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x64\x65layq/v1/service.proto\x12\tdelayq.v1\x1a\x13\x64\x65layq/v1/job.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x92\x03\n\x0e\x45nqueueRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x0f\n\x07payload\x18\x03 \x01(\x0c\x12\x37\n\x07headers\x18\x04 \x03(\x0b\x32&.delayq.v1.EnqueueRequest.HeadersEntry\x12*\n\x05\x64\x65lay\x18\x05 \x01(\x0b\x32\x19.google.protobuf.DurationH\x00\x12.\n\x08\x64ue_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.TimestampH\x00\x12&\n\x03ttl\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x14\n\x0cmax_attempts\x18\x08 \x01(\r\x12%\n\x05retry\x18\t \x01(\x0b\x32\x16.delayq.v1.RetryPolicy\x12\x17\n\x0fidempotency_key\x18\n \x01(\t\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\n\n\x08schedule\"b\n\x0f\x45nqueueResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12,\n\x08\x64ue_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tduplicate\x18\x03 \x01(\x08\"B\n\x13\x45nqueueBatchRequest\x12+\n\x08requests\x18\x01 \x03(\x0b\x32\x19.delayq.v1.EnqueueRequest\"h\n\x12\x45nqueueBatchResult\x12,\n\x08response\x18\x01 \x01(\x0b\x32\x1a.delayq.v1.EnqueueResponse\x12$\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x15.delayq.v1.BatchError\"+\n\nBatchError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\"F\n\x14\x45nqueueBatchResponse\x12.\n\x07results\x18\x01 \x03(\x0b\x32\x1d.delayq.v1.EnqueueBatchResult\"\x92\x01\n\x0e\x43onsumeRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0e\n\x06queues\x18\x02 \x03(\t\x12\x17\n\x0fmax_outstanding\x18\x03 \x01(\r\x12\x31\n\x0elease_duration\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x11\n\tmax_batch\x18\x05 \x01(\r\":\n\x0f\x43onsumeResponse\x12\'\n\ndeliveries\x18\x01 \x03(\x0b\x32\x13.delayq.v1.Delivery\"\"\n\nAckRequest\x12\x14\n\x0clease_tokens\x18\x01 \x03(\t\"4\n\x0b\x41\x63kResponse\x12%\n\x07results\x18\x01 \x03(\x0e\x32\x14.delayq.v1.AckResult\"q\n\x0bNackRequest\x12\x13\n\x0blease_token\x18\x01 \x01(\t\x12(\n\x05\x64\x65lay\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x13\n\x0b\x64\x65\x61\x64_letter\x18\x03 \x01(\x08\x12\x0e\n\x06reason\x18\x04 \x01(\t\"`\n\x0cNackResponse\x12\"\n\x05state\x18\x01 \x01(\x0e\x32\x13.delayq.v1.JobState\x12,\n\x08\x64ue_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"W\n\x12\x45xtendLeaseRequest\x12\x13\n\x0blease_token\x18\x01 \x01(\t\x12,\n\textension\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"I\n\x13\x45xtendLeaseResponse\x12\x32\n\x0elease_deadline\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"@\n\x0cQueryRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x0e\n\x06job_id\x18\x03 \x01(\t\",\n\rQueryResponse\x12\x1b\n\x03job\x18\x01 \x01(\x0b\x32\x0e.delayq.v1.Job\"A\n\rDeleteRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x0e\n\x06job_id\x18\x03 \x01(\t\"=\n\x0e\x44\x65leteResponse\x12+\n\x0eprevious_state\x18\x01 \x01(\x0e\x32\x13.delayq.v1.JobState\"8\n\x14GetQueueStatsRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\"=\n\x15GetQueueStatsResponse\x12$\n\x05stats\x18\x01 \x01(\x0b\x32\x15.delayq.v1.QueueStats\"^\n\x13ListDeadJobsRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x11\n\tpage_size\x18\x03 \x01(\r\x12\x12\n\npage_token\x18\x04 \x01(\t\"M\n\x14ListDeadJobsResponse\x12\x1c\n\x04jobs\x18\x01 \x03(\x0b\x32\x0e.delayq.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"Z\n\x16RedriveDeadJobsRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x0f\n\x07job_ids\x18\x03 \x03(\t\x12\r\n\x05limit\x18\x04 \x01(\r\"+\n\x17RedriveDeadJobsResponse\x12\x10\n\x08redriven\x18\x01 \x01(\r\"X\n\x14PurgeDeadJobsRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x0f\n\x07job_ids\x18\x03 \x03(\t\x12\r\n\x05limit\x18\x04 \x01(\r\"\'\n\x15PurgeDeadJobsResponse\x12\x0e\n\x06purged\x18\x01 \x01(\r*k\n\tAckResult\x12\x1a\n\x16\x41\x43K_RESULT_UNSPECIFIED\x10\x00\x12\x14\n\x10\x41\x43K_RESULT_ACKED\x10\x01\x12\x14\n\x10\x41\x43K_RESULT_STALE\x10\x02\x12\x16\n\x12\x41\x43K_RESULT_UNKNOWN\x10\x03\x32\xf5\x06\n\x11\x44\x65layQueueService\x12@\n\x07\x45nqueue\x12\x19.delayq.v1.EnqueueRequest\x1a\x1a.delayq.v1.EnqueueResponse\x12O\n\x0c\x45nqueueBatch\x12\x1e.delayq.v1.EnqueueBatchRequest\x1a\x1f.delayq.v1.EnqueueBatchResponse\x12\x42\n\x07\x43onsume\x12\x19.delayq.v1.ConsumeRequest\x1a\x1a.delayq.v1.ConsumeResponse0\x01\x12\x34\n\x03\x41\x63k\x12\x15.delayq.v1.AckRequest\x1a\x16.delayq.v1.AckResponse\x12\x37\n\x04Nack\x12\x16.delayq.v1.NackRequest\x1a\x17.delayq.v1.NackResponse\x12L\n\x0b\x45xtendLease\x12\x1d.delayq.v1.ExtendLeaseRequest\x1a\x1e.delayq.v1.ExtendLeaseResponse\x12:\n\x05Query\x12\x17.delayq.v1.QueryRequest\x1a\x18.delayq.v1.QueryResponse\x12=\n\x06\x44\x65lete\x12\x18.delayq.v1.DeleteRequest\x1a\x19.delayq.v1.DeleteResponse\x12R\n\rGetQueueStats\x12\x1f.delayq.v1.GetQueueStatsRequest\x1a .delayq.v1.GetQueueStatsResponse\x12O\n\x0cListDeadJobs\x12\x1e.delayq.v1.ListDeadJobsRequest\x1a\x1f.delayq.v1.ListDeadJobsResponse\x12X\n\x0fRedriveDeadJobs\x12!.delayq.v1.RedriveDeadJobsRequest\x1a\".delayq.v1.RedriveDeadJobsResponse\x12R\n\rPurgeDeadJobs\x12\x1f.delayq.v1.PurgeDeadJobsRequest\x1a .delayq.v1.PurgeDeadJobsResponseB7Z5github.com/delayq/delayq/clients/go/delayqv1;delayqv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x64\x65layq/v1/service.proto\x12\tdelayq.v1\x1a\x13\x64\x65layq/v1/job.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x92\x03\n\x0e\x45nqueueRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x0f\n\x07payload\x18\x03 \x01(\x0c\x12\x37\n\x07headers\x18\x04 \x03(\x0b\x32&.delayq.v1.EnqueueRequest.HeadersEntry\x12*\n\x05\x64\x65lay\x18\x05 \x01(\x0b\x32\x19.google.protobuf.DurationH\x00\x12.\n\x08\x64ue_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.TimestampH\x00\x12&\n\x03ttl\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x14\n\x0cmax_attempts\x18\x08 \x01(\r\x12%\n\x05retry\x18\t \x01(\x0b\x32\x16.delayq.v1.RetryPolicy\x12\x17\n\x0fidempotency_key\x18\n \x01(\t\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\n\n\x08schedule\"b\n\x0f\x45nqueueResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12,\n\x08\x64ue_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tduplicate\x18\x03 \x01(\x08\"B\n\x13\x45nqueueBatchRequest\x12+\n\x08requests\x18\x01 \x03(\x0b\x32\x19.delayq.v1.EnqueueRequest\"h\n\x12\x45nqueueBatchResult\x12,\n\x08response\x18\x01 \x01(\x0b\x32\x1a.delayq.v1.EnqueueResponse\x12$\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x15.delayq.v1.BatchError\"+\n\nBatchError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\"F\n\x14\x45nqueueBatchResponse\x12.\n\x07results\x18\x01 \x03(\x0b\x32\x1d.delayq.v1.EnqueueBatchResult\"\xc4\x01\n\x0e\x43onsumeRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0e\n\x06queues\x18\x02 \x03(\t\x12\x17\n\x0fmax_outstanding\x18\x03 \x01(\r\x12\x31\n\x0elease_duration\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x11\n\tmax_batch\x18\x05 \x01(\r\x12\x30\n\rrelease_grace\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\":\n\x0f\x43onsumeResponse\x12\'\n\ndeliveries\x18\x01 \x03(\x0b\x32\x13.delayq.v1.Delivery\"\"\n\nAckRequest\x12\x14\n\x0clease_tokens\x18\x01 \x03(\t\"4\n\x0b\x41\x63kResponse\x12%\n\x07results\x18\x01 \x03(\x0e\x32\x14.delayq.v1.AckResult\"&\n\x0eReleaseRequest\x12\x14\n\x0clease_tokens\x18\x01 \x03(\t\"<\n\x0fReleaseResponse\x12)\n\x07results\x18\x01 \x03(\x0e\x32\x18.delayq.v1.ReleaseResult\"q\n\x0bNackRequest\x12\x13\n\x0blease_token\x18\x01 \x01(\t\x12(\n\x05\x64\x65lay\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x13\n\x0b\x64\x65\x61\x64_letter\x18\x03 \x01(\x08\x12\x0e\n\x06reason\x18\x04 \x01(\t\"`\n\x0cNackResponse\x12\"\n\x05state\x18\x01 \x01(\x0e\x32\x13.delayq.v1.JobState\x12,\n\x08\x64ue_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"W\n\x12\x45xtendLeaseRequest\x12\x13\n\x0blease_token\x18\x01 \x01(\t\x12,\n\textension\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"I\n\x13\x45xtendLeaseResponse\x12\x32\n\x0elease_deadline\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"@\n\x0cQueryRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x0e\n\x06job_id\x18\x03 \x01(\t\",\n\rQueryResponse\x12\x1b\n\x03job\x18\x01 \x01(\x0b\x32\x0e.delayq.v1.Job\"A\n\rDeleteRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x0e\n\x06job_id\x18\x03 \x01(\t\"=\n\x0e\x44\x65leteResponse\x12+\n\x0eprevious_state\x18\x01 \x01(\x0e\x32\x13.delayq.v1.JobState\"8\n\x14GetQueueStatsRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\"=\n\x15GetQueueStatsResponse\x12$\n\x05stats\x18\x01 \x01(\x0b\x32\x15.delayq.v1.QueueStats\"^\n\x13ListDeadJobsRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x11\n\tpage_size\x18\x03 \x01(\r\x12\x12\n\npage_token\x18\x04 \x01(\t\"M\n\x14ListDeadJobsResponse\x12\x1c\n\x04jobs\x18\x01 \x03(\x0b\x32\x0e.delayq.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"Z\n\x16RedriveDeadJobsRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x0f\n\x07job_ids\x18\x03 \x03(\t\x12\r\n\x05limit\x18\x04 \x01(\r\"+\n\x17RedriveDeadJobsResponse\x12\x10\n\x08redriven\x18\x01 \x01(\r\"X\n\x14PurgeDeadJobsRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x0f\n\x07job_ids\x18\x03 \x03(\t\x12\r\n\x05limit\x18\x04 \x01(\r\"\'\n\x15PurgeDeadJobsResponse\x12\x0e\n\x06purged\x18\x01 \x01(\r*k\n\tAckResult\x12\x1a\n\x16\x41\x43K_RESULT_UNSPECIFIED\x10\x00\x12\x14\n\x10\x41\x43K_RESULT_ACKED\x10\x01\x12\x14\n\x10\x41\x43K_RESULT_STALE\x10\x02\x12\x16\n\x12\x41\x43K_RESULT_UNKNOWN\x10\x03*\x82\x01\n\rReleaseResult\x12\x1e\n\x1aRELEASE_RESULT_UNSPECIFIED\x10\x00\x12\x1b\n\x17RELEASE_RESULT_RELEASED\x10\x01\x12\x18\n\x14RELEASE_RESULT_STALE\x10\x02\x12\x1a\n\x16RELEASE_RESULT_UNKNOWN\x10\x03\x32\xb7\x07\n\x11\x44\x65layQueueService\x12@\n\x07\x45nqueue\x12\x19.delayq.v1.EnqueueRequest\x1a\x1a.delayq.v1.EnqueueResponse\x12O\n\x0c\x45nqueueBatch\x12\x1e.delayq.v1.EnqueueBatchRequest\x1a\x1f.delayq.v1.EnqueueBatchResponse\x12\x42\n\x07\x43onsume\x12\x19.delayq.v1.ConsumeRequest\x1a\x1a.delayq.v1.ConsumeResponse0\x01\x12\x34\n\x03\x41\x63k\x12\x15.delayq.v1.AckRequest\x1a\x16.delayq.v1.AckResponse\x12@\n\x07Release\x12\x19.delayq.v1.ReleaseRequest\x1a\x1a.delayq.v1.ReleaseResponse\x12\x37\n\x04Nack\x12\x16.delayq.v1.NackRequest\x1a\x17.delayq.v1.NackResponse\x12L\n\x0b\x45xtendLease\x12\x1d.delayq.v1.ExtendLeaseRequest\x1a\x1e.delayq.v1.ExtendLeaseResponse\x12:\n\x05Query\x12\x17.delayq.v1.QueryRequest\x1a\x18.delayq.v1.QueryResponse\x12=\n\x06\x44\x65lete\x12\x18.delayq.v1.DeleteRequest\x1a\x19.delayq.v1.DeleteResponse\x12R\n\rGetQueueStats\x12\x1f.delayq.v1.GetQueueStatsRequest\x1a .delayq.v1.GetQueueStatsResponse\x12O\n\x0cListDeadJobs\x12\x1e.delayq.v1.ListDeadJobsRequest\x1a\x1f.delayq.v1.ListDeadJobsResponse\x12X\n\x0fRedriveDeadJobs\x12!.delayq.v1.RedriveDeadJobsRequest\x1a\".delayq.v1.RedriveDeadJobsResponse\x12R\n\rPurgeDeadJobs\x12\x1f.delayq.v1.PurgeDeadJobsRequest\x1a .delayq.v1.PurgeDeadJobsResponseB7Z5github.com/delayq/delayq/clients/go/delayqv1;delayqv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,8 +37,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._serialized_options = b'Z5github.com/delayq/delayq/clients/go/delayqv1;delayqv1'
   _globals['_ENQUEUEREQUEST_HEADERSENTRY']._loaded_options = None
   _globals['_ENQUEUEREQUEST_HEADERSENTRY']._serialized_options = b'8\001'
-  _globals['_ACKRESULT']._serialized_start=2402
-  _globals['_ACKRESULT']._serialized_end=2509
+  _globals['_ACKRESULT']._serialized_start=2554
+  _globals['_ACKRESULT']._serialized_end=2661
+  _globals['_RELEASERESULT']._serialized_start=2664
+  _globals['_RELEASERESULT']._serialized_end=2794
   _globals['_ENQUEUEREQUEST']._serialized_start=125
   _globals['_ENQUEUEREQUEST']._serialized_end=527
   _globals['_ENQUEUEREQUEST_HEADERSENTRY']._serialized_start=469
@@ -54,45 +56,49 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ENQUEUEBATCHRESPONSE']._serialized_start=848
   _globals['_ENQUEUEBATCHRESPONSE']._serialized_end=918
   _globals['_CONSUMEREQUEST']._serialized_start=921
-  _globals['_CONSUMEREQUEST']._serialized_end=1067
-  _globals['_CONSUMERESPONSE']._serialized_start=1069
-  _globals['_CONSUMERESPONSE']._serialized_end=1127
-  _globals['_ACKREQUEST']._serialized_start=1129
-  _globals['_ACKREQUEST']._serialized_end=1163
-  _globals['_ACKRESPONSE']._serialized_start=1165
-  _globals['_ACKRESPONSE']._serialized_end=1217
-  _globals['_NACKREQUEST']._serialized_start=1219
-  _globals['_NACKREQUEST']._serialized_end=1332
-  _globals['_NACKRESPONSE']._serialized_start=1334
-  _globals['_NACKRESPONSE']._serialized_end=1430
-  _globals['_EXTENDLEASEREQUEST']._serialized_start=1432
-  _globals['_EXTENDLEASEREQUEST']._serialized_end=1519
-  _globals['_EXTENDLEASERESPONSE']._serialized_start=1521
-  _globals['_EXTENDLEASERESPONSE']._serialized_end=1594
-  _globals['_QUERYREQUEST']._serialized_start=1596
-  _globals['_QUERYREQUEST']._serialized_end=1660
-  _globals['_QUERYRESPONSE']._serialized_start=1662
-  _globals['_QUERYRESPONSE']._serialized_end=1706
-  _globals['_DELETEREQUEST']._serialized_start=1708
-  _globals['_DELETEREQUEST']._serialized_end=1773
-  _globals['_DELETERESPONSE']._serialized_start=1775
-  _globals['_DELETERESPONSE']._serialized_end=1836
-  _globals['_GETQUEUESTATSREQUEST']._serialized_start=1838
-  _globals['_GETQUEUESTATSREQUEST']._serialized_end=1894
-  _globals['_GETQUEUESTATSRESPONSE']._serialized_start=1896
-  _globals['_GETQUEUESTATSRESPONSE']._serialized_end=1957
-  _globals['_LISTDEADJOBSREQUEST']._serialized_start=1959
-  _globals['_LISTDEADJOBSREQUEST']._serialized_end=2053
-  _globals['_LISTDEADJOBSRESPONSE']._serialized_start=2055
-  _globals['_LISTDEADJOBSRESPONSE']._serialized_end=2132
-  _globals['_REDRIVEDEADJOBSREQUEST']._serialized_start=2134
-  _globals['_REDRIVEDEADJOBSREQUEST']._serialized_end=2224
-  _globals['_REDRIVEDEADJOBSRESPONSE']._serialized_start=2226
-  _globals['_REDRIVEDEADJOBSRESPONSE']._serialized_end=2269
-  _globals['_PURGEDEADJOBSREQUEST']._serialized_start=2271
-  _globals['_PURGEDEADJOBSREQUEST']._serialized_end=2359
-  _globals['_PURGEDEADJOBSRESPONSE']._serialized_start=2361
-  _globals['_PURGEDEADJOBSRESPONSE']._serialized_end=2400
-  _globals['_DELAYQUEUESERVICE']._serialized_start=2512
-  _globals['_DELAYQUEUESERVICE']._serialized_end=3397
+  _globals['_CONSUMEREQUEST']._serialized_end=1117
+  _globals['_CONSUMERESPONSE']._serialized_start=1119
+  _globals['_CONSUMERESPONSE']._serialized_end=1177
+  _globals['_ACKREQUEST']._serialized_start=1179
+  _globals['_ACKREQUEST']._serialized_end=1213
+  _globals['_ACKRESPONSE']._serialized_start=1215
+  _globals['_ACKRESPONSE']._serialized_end=1267
+  _globals['_RELEASEREQUEST']._serialized_start=1269
+  _globals['_RELEASEREQUEST']._serialized_end=1307
+  _globals['_RELEASERESPONSE']._serialized_start=1309
+  _globals['_RELEASERESPONSE']._serialized_end=1369
+  _globals['_NACKREQUEST']._serialized_start=1371
+  _globals['_NACKREQUEST']._serialized_end=1484
+  _globals['_NACKRESPONSE']._serialized_start=1486
+  _globals['_NACKRESPONSE']._serialized_end=1582
+  _globals['_EXTENDLEASEREQUEST']._serialized_start=1584
+  _globals['_EXTENDLEASEREQUEST']._serialized_end=1671
+  _globals['_EXTENDLEASERESPONSE']._serialized_start=1673
+  _globals['_EXTENDLEASERESPONSE']._serialized_end=1746
+  _globals['_QUERYREQUEST']._serialized_start=1748
+  _globals['_QUERYREQUEST']._serialized_end=1812
+  _globals['_QUERYRESPONSE']._serialized_start=1814
+  _globals['_QUERYRESPONSE']._serialized_end=1858
+  _globals['_DELETEREQUEST']._serialized_start=1860
+  _globals['_DELETEREQUEST']._serialized_end=1925
+  _globals['_DELETERESPONSE']._serialized_start=1927
+  _globals['_DELETERESPONSE']._serialized_end=1988
+  _globals['_GETQUEUESTATSREQUEST']._serialized_start=1990
+  _globals['_GETQUEUESTATSREQUEST']._serialized_end=2046
+  _globals['_GETQUEUESTATSRESPONSE']._serialized_start=2048
+  _globals['_GETQUEUESTATSRESPONSE']._serialized_end=2109
+  _globals['_LISTDEADJOBSREQUEST']._serialized_start=2111
+  _globals['_LISTDEADJOBSREQUEST']._serialized_end=2205
+  _globals['_LISTDEADJOBSRESPONSE']._serialized_start=2207
+  _globals['_LISTDEADJOBSRESPONSE']._serialized_end=2284
+  _globals['_REDRIVEDEADJOBSREQUEST']._serialized_start=2286
+  _globals['_REDRIVEDEADJOBSREQUEST']._serialized_end=2376
+  _globals['_REDRIVEDEADJOBSRESPONSE']._serialized_start=2378
+  _globals['_REDRIVEDEADJOBSRESPONSE']._serialized_end=2421
+  _globals['_PURGEDEADJOBSREQUEST']._serialized_start=2423
+  _globals['_PURGEDEADJOBSREQUEST']._serialized_end=2511
+  _globals['_PURGEDEADJOBSRESPONSE']._serialized_start=2513
+  _globals['_PURGEDEADJOBSRESPONSE']._serialized_end=2552
+  _globals['_DELAYQUEUESERVICE']._serialized_start=2797
+  _globals['_DELAYQUEUESERVICE']._serialized_end=3748
 # @@protoc_insertion_point(module_scope)

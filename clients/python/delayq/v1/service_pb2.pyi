@@ -54,6 +54,38 @@ ACK_RESULT_UNKNOWN: AckResult.ValueType  # 3
 """ACK_RESULT_UNKNOWN: no such job (already acked, deleted, expired or never existed)."""
 Global___AckResult: _TypeAlias = AckResult  # noqa: Y015
 
+class _ReleaseResult:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ReleaseResultEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ReleaseResult.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    RELEASE_RESULT_UNSPECIFIED: _ReleaseResult.ValueType  # 0
+    """RELEASE_RESULT_UNSPECIFIED is never returned."""
+    RELEASE_RESULT_RELEASED: _ReleaseResult.ValueType  # 1
+    """RELEASE_RESULT_RELEASED: the job is ready again, its attempt not counted."""
+    RELEASE_RESULT_STALE: _ReleaseResult.ValueType  # 2
+    """RELEASE_RESULT_STALE: the token is no longer current (already released, acked,
+    nacked, or the lease ran out and the job was redelivered or retried).
+    """
+    RELEASE_RESULT_UNKNOWN: _ReleaseResult.ValueType  # 3
+    """RELEASE_RESULT_UNKNOWN: no such job (acked, deleted, expired or never existed)."""
+
+class ReleaseResult(_ReleaseResult, metaclass=_ReleaseResultEnumTypeWrapper):
+    """ReleaseResult is the outcome for one token."""
+
+RELEASE_RESULT_UNSPECIFIED: ReleaseResult.ValueType  # 0
+"""RELEASE_RESULT_UNSPECIFIED is never returned."""
+RELEASE_RESULT_RELEASED: ReleaseResult.ValueType  # 1
+"""RELEASE_RESULT_RELEASED: the job is ready again, its attempt not counted."""
+RELEASE_RESULT_STALE: ReleaseResult.ValueType  # 2
+"""RELEASE_RESULT_STALE: the token is no longer current (already released, acked,
+nacked, or the lease ran out and the job was redelivered or retried).
+"""
+RELEASE_RESULT_UNKNOWN: ReleaseResult.ValueType  # 3
+"""RELEASE_RESULT_UNKNOWN: no such job (acked, deleted, expired or never existed)."""
+Global___ReleaseResult: _TypeAlias = ReleaseResult  # noqa: Y015
+
 @_typing.final
 class EnqueueRequest(_message.Message):
     """EnqueueRequest is one job to store."""
@@ -299,12 +331,15 @@ class ConsumeRequest(_message.Message):
     MAX_OUTSTANDING_FIELD_NUMBER: _builtins.int
     LEASE_DURATION_FIELD_NUMBER: _builtins.int
     MAX_BATCH_FIELD_NUMBER: _builtins.int
+    RELEASE_GRACE_FIELD_NUMBER: _builtins.int
     namespace: _builtins.str
     """Namespace of all the queues; empty means "default"."""
     max_outstanding: _builtins.int
     """Most un-acked deliveries on this stream at once, 1 to 10000."""
     max_batch: _builtins.int
-    """Most deliveries per stream message, 1 to 1000. 0: up to max_outstanding."""
+    """Most deliveries per stream message, 1 to 1000. 0: up to max_outstanding.
+    Messages are also capped by bytes on the server (see Consume).
+    """
     @_builtins.property
     def queues(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Queues in priority order: a job of queues[0] is always preferred. 1 to 16 names."""
@@ -312,6 +347,17 @@ class ConsumeRequest(_message.Message):
     @_builtins.property
     def lease_duration(self) -> _duration_pb2.Duration:
         """Lease per delivery, 1 s to 12 h. Unset: the server default (30 s)."""
+
+    @_builtins.property
+    def release_grace(self) -> _duration_pb2.Duration:
+        """When the stream ends (a transport blip, a crashed client), its leases are
+        released this long afterwards instead of at once, unless acked, nacked,
+        released or extended meanwhile. Lease tokens stay valid during the grace, so
+        a handler still running can settle over a unary call after its client
+        reconnects, and its job is not run twice. 0 to lease_duration; unset or 0:
+        release at once. A longer grace delays redelivery after a real crash by as
+        much. When the server itself stops or dies, leases run out normally.
+        """
 
     def __init__(
         self,
@@ -321,10 +367,11 @@ class ConsumeRequest(_message.Message):
         max_outstanding: _builtins.int = ...,
         lease_duration: _duration_pb2.Duration | None = ...,
         max_batch: _builtins.int = ...,
+        release_grace: _duration_pb2.Duration | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["lease_duration", b"lease_duration"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease_duration", b"lease_duration", "release_grace", b"release_grace"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease_duration", b"lease_duration", "max_batch", b"max_batch", "max_outstanding", b"max_outstanding", "namespace", b"namespace", "queues", b"queues"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease_duration", b"lease_duration", "max_batch", b"max_batch", "max_outstanding", b"max_outstanding", "namespace", b"namespace", "queues", b"queues", "release_grace", b"release_grace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -401,6 +448,54 @@ class AckResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AckResponse: _TypeAlias = AckResponse  # noqa: Y015
+
+@_typing.final
+class ReleaseRequest(_message.Message):
+    """ReleaseRequest gives deliveries back unstarted."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEASE_TOKENS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def lease_tokens(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Lease tokens from deliveries, 1 to 1000."""
+
+    def __init__(
+        self,
+        *,
+        lease_tokens: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease_tokens", b"lease_tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseRequest: _TypeAlias = ReleaseRequest  # noqa: Y015
+
+@_typing.final
+class ReleaseResponse(_message.Message):
+    """ReleaseResponse has one result per token, in order."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedScalarFieldContainer[Global___ReleaseResult.ValueType]:
+        """Results, index-aligned with the request."""
+
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___ReleaseResult.ValueType] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseResponse: _TypeAlias = ReleaseResponse  # noqa: Y015
 
 @_typing.final
 class NackRequest(_message.Message):

@@ -63,6 +63,11 @@ class DelayQueueServiceStub:
                 request_serializer=delayq_dot_v1_dot_service__pb2.AckRequest.SerializeToString,
                 response_deserializer=delayq_dot_v1_dot_service__pb2.AckResponse.FromString,
                 _registered_method=True)
+        self.Release = channel.unary_unary(
+                '/delayq.v1.DelayQueueService/Release',
+                request_serializer=delayq_dot_v1_dot_service__pb2.ReleaseRequest.SerializeToString,
+                response_deserializer=delayq_dot_v1_dot_service__pb2.ReleaseResponse.FromString,
+                _registered_method=True)
         self.Nack = channel.unary_unary(
                 '/delayq.v1.DelayQueueService/Nack',
                 request_serializer=delayq_dot_v1_dot_service__pb2.NackRequest.SerializeToString,
@@ -139,7 +144,12 @@ class DelayQueueServiceServicer:
     def Consume(self, request, context):
         """Consume opens a stream of deliveries from one or more queues, in priority order.
         The server never has more than `max_outstanding` un-acked deliveries on the
-        stream. When the stream ends, its leased jobs go back to ready at once.
+        stream, and no ConsumeResponse is larger than the server's byte cap (1 MiB by
+        default, so a default client's 4 MiB receive limit always holds): a claimed
+        batch goes out as several messages, and the largest job always fits in one.
+        When the stream ends, its leased jobs go back to ready (after
+        `release_grace`, at once by default) and the attempt counts: the client may
+        have started them. Give back unstarted deliveries with Release instead.
         Errors: INVALID_ARGUMENT, UNAVAILABLE.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -148,6 +158,19 @@ class DelayQueueServiceServicer:
 
     def Ack(self, request, context):
         """Ack completes deliveries. Each token is answered on its own.
+        Errors: INVALID_ARGUMENT (no tokens, too many, or malformed), UNAVAILABLE.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Release(self, request, context):
+        """Release gives deliveries back unstarted: each job returns to the front of its
+        ready list with the attempt not counted (so it is never dead-lettered by a
+        give-back), and its stream gets the credit back. Each token is answered on its
+        own. Use it for deliveries a consumer received but did not run (a worker
+        shutting down, a peek). Close the stream (with a `release_grace`) before
+        releasing, or the released jobs may be delivered to it again.
         Errors: INVALID_ARGUMENT (no tokens, too many, or malformed), UNAVAILABLE.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -242,6 +265,11 @@ def add_DelayQueueServiceServicer_to_server(servicer, server):
                     servicer.Ack,
                     request_deserializer=delayq_dot_v1_dot_service__pb2.AckRequest.FromString,
                     response_serializer=delayq_dot_v1_dot_service__pb2.AckResponse.SerializeToString,
+            ),
+            'Release': grpc.unary_unary_rpc_method_handler(
+                    servicer.Release,
+                    request_deserializer=delayq_dot_v1_dot_service__pb2.ReleaseRequest.FromString,
+                    response_serializer=delayq_dot_v1_dot_service__pb2.ReleaseResponse.SerializeToString,
             ),
             'Nack': grpc.unary_unary_rpc_method_handler(
                     servicer.Nack,
@@ -401,6 +429,33 @@ class DelayQueueService:
             '/delayq.v1.DelayQueueService/Ack',
             delayq_dot_v1_dot_service__pb2.AckRequest.SerializeToString,
             delayq_dot_v1_dot_service__pb2.AckResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Release(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/delayq.v1.DelayQueueService/Release',
+            delayq_dot_v1_dot_service__pb2.ReleaseRequest.SerializeToString,
+            delayq_dot_v1_dot_service__pb2.ReleaseResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -56,11 +56,25 @@ class DelayQueueServiceStub:
     Consume: _grpc.UnaryStreamMultiCallable[_service_pb2.ConsumeRequest, _service_pb2.ConsumeResponse]
     """Consume opens a stream of deliveries from one or more queues, in priority order.
     The server never has more than `max_outstanding` un-acked deliveries on the
-    stream. When the stream ends, its leased jobs go back to ready at once.
+    stream, and no ConsumeResponse is larger than the server's byte cap (1 MiB by
+    default, so a default client's 4 MiB receive limit always holds): a claimed
+    batch goes out as several messages, and the largest job always fits in one.
+    When the stream ends, its leased jobs go back to ready (after
+    `release_grace`, at once by default) and the attempt counts: the client may
+    have started them. Give back unstarted deliveries with Release instead.
     Errors: INVALID_ARGUMENT, UNAVAILABLE.
     """
     Ack: _grpc.UnaryUnaryMultiCallable[_service_pb2.AckRequest, _service_pb2.AckResponse]
     """Ack completes deliveries. Each token is answered on its own.
+    Errors: INVALID_ARGUMENT (no tokens, too many, or malformed), UNAVAILABLE.
+    """
+    Release: _grpc.UnaryUnaryMultiCallable[_service_pb2.ReleaseRequest, _service_pb2.ReleaseResponse]
+    """Release gives deliveries back unstarted: each job returns to the front of its
+    ready list with the attempt not counted (so it is never dead-lettered by a
+    give-back), and its stream gets the credit back. Each token is answered on its
+    own. Use it for deliveries a consumer received but did not run (a worker
+    shutting down, a peek). Close the stream (with a `release_grace`) before
+    releasing, or the released jobs may be delivered to it again.
     Errors: INVALID_ARGUMENT (no tokens, too many, or malformed), UNAVAILABLE.
     """
     Nack: _grpc.UnaryUnaryMultiCallable[_service_pb2.NackRequest, _service_pb2.NackResponse]
@@ -126,11 +140,25 @@ class DelayQueueServiceAsyncStub(DelayQueueServiceStub):
     Consume: _aio.UnaryStreamMultiCallable[_service_pb2.ConsumeRequest, _service_pb2.ConsumeResponse]  # type: ignore[assignment]
     """Consume opens a stream of deliveries from one or more queues, in priority order.
     The server never has more than `max_outstanding` un-acked deliveries on the
-    stream. When the stream ends, its leased jobs go back to ready at once.
+    stream, and no ConsumeResponse is larger than the server's byte cap (1 MiB by
+    default, so a default client's 4 MiB receive limit always holds): a claimed
+    batch goes out as several messages, and the largest job always fits in one.
+    When the stream ends, its leased jobs go back to ready (after
+    `release_grace`, at once by default) and the attempt counts: the client may
+    have started them. Give back unstarted deliveries with Release instead.
     Errors: INVALID_ARGUMENT, UNAVAILABLE.
     """
     Ack: _aio.UnaryUnaryMultiCallable[_service_pb2.AckRequest, _service_pb2.AckResponse]  # type: ignore[assignment]
     """Ack completes deliveries. Each token is answered on its own.
+    Errors: INVALID_ARGUMENT (no tokens, too many, or malformed), UNAVAILABLE.
+    """
+    Release: _aio.UnaryUnaryMultiCallable[_service_pb2.ReleaseRequest, _service_pb2.ReleaseResponse]  # type: ignore[assignment]
+    """Release gives deliveries back unstarted: each job returns to the front of its
+    ready list with the attempt not counted (so it is never dead-lettered by a
+    give-back), and its stream gets the credit back. Each token is answered on its
+    own. Use it for deliveries a consumer received but did not run (a worker
+    shutting down, a peek). Close the stream (with a `release_grace`) before
+    releasing, or the released jobs may be delivered to it again.
     Errors: INVALID_ARGUMENT (no tokens, too many, or malformed), UNAVAILABLE.
     """
     Nack: _aio.UnaryUnaryMultiCallable[_service_pb2.NackRequest, _service_pb2.NackResponse]  # type: ignore[assignment]
@@ -211,7 +239,12 @@ class DelayQueueServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_abc.Iterator[_service_pb2.ConsumeResponse], _abc.AsyncIterator[_service_pb2.ConsumeResponse]]:
         """Consume opens a stream of deliveries from one or more queues, in priority order.
         The server never has more than `max_outstanding` un-acked deliveries on the
-        stream. When the stream ends, its leased jobs go back to ready at once.
+        stream, and no ConsumeResponse is larger than the server's byte cap (1 MiB by
+        default, so a default client's 4 MiB receive limit always holds): a claimed
+        batch goes out as several messages, and the largest job always fits in one.
+        When the stream ends, its leased jobs go back to ready (after
+        `release_grace`, at once by default) and the attempt counts: the client may
+        have started them. Give back unstarted deliveries with Release instead.
         Errors: INVALID_ARGUMENT, UNAVAILABLE.
         """
 
@@ -222,6 +255,21 @@ class DelayQueueServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_service_pb2.AckResponse, _abc.Awaitable[_service_pb2.AckResponse]]:
         """Ack completes deliveries. Each token is answered on its own.
+        Errors: INVALID_ARGUMENT (no tokens, too many, or malformed), UNAVAILABLE.
+        """
+
+    @_abc_1.abstractmethod
+    def Release(
+        self,
+        request: _service_pb2.ReleaseRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_service_pb2.ReleaseResponse, _abc.Awaitable[_service_pb2.ReleaseResponse]]:
+        """Release gives deliveries back unstarted: each job returns to the front of its
+        ready list with the attempt not counted (so it is never dead-lettered by a
+        give-back), and its stream gets the credit back. Each token is answered on its
+        own. Use it for deliveries a consumer received but did not run (a worker
+        shutting down, a peek). Close the stream (with a `release_grace`) before
+        releasing, or the released jobs may be delivered to it again.
         Errors: INVALID_ARGUMENT (no tokens, too many, or malformed), UNAVAILABLE.
         """
 

@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file delayq/v1/service.proto.
  */
 export const file_delayq_v1_service: GenFile = /*@__PURE__*/
-  fileDesc("ChdkZWxheXEvdjEvc2VydmljZS5wcm90bxIJZGVsYXlxLnYxIpIDCg5FbnF1ZXVlUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSDQoFcXVldWUYAiABKAkSDwoHcGF5bG9hZBgDIAEoDBI3CgdoZWFkZXJzGAQgAygLMiYuZGVsYXlxLnYxLkVucXVldWVSZXF1ZXN0LkhlYWRlcnNFbnRyeRIqCgVkZWxheRgFIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbkgAEi4KCGR1ZV90aW1lGAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEgAEiYKA3R0bBgHIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIUCgxtYXhfYXR0ZW1wdHMYCCABKA0SJQoFcmV0cnkYCSABKAsyFi5kZWxheXEudjEuUmV0cnlQb2xpY3kSFwoPaWRlbXBvdGVuY3lfa2V5GAogASgJGi4KDEhlYWRlcnNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBQgoKCHNjaGVkdWxlImIKD0VucXVldWVSZXNwb25zZRIOCgZqb2JfaWQYASABKAkSLAoIZHVlX3RpbWUYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCWR1cGxpY2F0ZRgDIAEoCCJCChNFbnF1ZXVlQmF0Y2hSZXF1ZXN0EisKCHJlcXVlc3RzGAEgAygLMhkuZGVsYXlxLnYxLkVucXVldWVSZXF1ZXN0ImgKEkVucXVldWVCYXRjaFJlc3VsdBIsCghyZXNwb25zZRgBIAEoCzIaLmRlbGF5cS52MS5FbnF1ZXVlUmVzcG9uc2USJAoFZXJyb3IYAiABKAsyFS5kZWxheXEudjEuQmF0Y2hFcnJvciIrCgpCYXRjaEVycm9yEgwKBGNvZGUYASABKAUSDwoHbWVzc2FnZRgCIAEoCSJGChRFbnF1ZXVlQmF0Y2hSZXNwb25zZRIuCgdyZXN1bHRzGAEgAygLMh0uZGVsYXlxLnYxLkVucXVldWVCYXRjaFJlc3VsdCKSAQoOQ29uc3VtZVJlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEg4KBnF1ZXVlcxgCIAMoCRIXCg9tYXhfb3V0c3RhbmRpbmcYAyABKA0SMQoObGVhc2VfZHVyYXRpb24YBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SEQoJbWF4X2JhdGNoGAUgASgNIjoKD0NvbnN1bWVSZXNwb25zZRInCgpkZWxpdmVyaWVzGAEgAygLMhMuZGVsYXlxLnYxLkRlbGl2ZXJ5IiIKCkFja1JlcXVlc3QSFAoMbGVhc2VfdG9rZW5zGAEgAygJIjQKC0Fja1Jlc3BvbnNlEiUKB3Jlc3VsdHMYASADKA4yFC5kZWxheXEudjEuQWNrUmVzdWx0InEKC05hY2tSZXF1ZXN0EhMKC2xlYXNlX3Rva2VuGAEgASgJEigKBWRlbGF5GAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhMKC2RlYWRfbGV0dGVyGAMgASgIEg4KBnJlYXNvbhgEIAEoCSJgCgxOYWNrUmVzcG9uc2USIgoFc3RhdGUYASABKA4yEy5kZWxheXEudjEuSm9iU3RhdGUSLAoIZHVlX3RpbWUYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIlcKEkV4dGVuZExlYXNlUmVxdWVzdBITCgtsZWFzZV90b2tlbhgBIAEoCRIsCglleHRlbnNpb24YAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iSQoTRXh0ZW5kTGVhc2VSZXNwb25zZRIyCg5sZWFzZV9kZWFkbGluZRgBIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiQAoMUXVlcnlSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRINCgVxdWV1ZRgCIAEoCRIOCgZqb2JfaWQYAyABKAkiLAoNUXVlcnlSZXNwb25zZRIbCgNqb2IYASABKAsyDi5kZWxheXEudjEuSm9iIkEKDURlbGV0ZVJlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEg0KBXF1ZXVlGAIgASgJEg4KBmpvYl9pZBgDIAEoCSI9Cg5EZWxldGVSZXNwb25zZRIrCg5wcmV2aW91c19zdGF0ZRgBIAEoDjITLmRlbGF5cS52MS5Kb2JTdGF0ZSI4ChRHZXRRdWV1ZVN0YXRzUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSDQoFcXVldWUYAiABKAkiPQoVR2V0UXVldWVTdGF0c1Jlc3BvbnNlEiQKBXN0YXRzGAEgASgLMhUuZGVsYXlxLnYxLlF1ZXVlU3RhdHMiXgoTTGlzdERlYWRKb2JzUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSDQoFcXVldWUYAiABKAkSEQoJcGFnZV9zaXplGAMgASgNEhIKCnBhZ2VfdG9rZW4YBCABKAkiTQoUTGlzdERlYWRKb2JzUmVzcG9uc2USHAoEam9icxgBIAMoCzIOLmRlbGF5cS52MS5Kb2ISFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIloKFlJlZHJpdmVEZWFkSm9ic1JlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEg0KBXF1ZXVlGAIgASgJEg8KB2pvYl9pZHMYAyADKAkSDQoFbGltaXQYBCABKA0iKwoXUmVkcml2ZURlYWRKb2JzUmVzcG9uc2USEAoIcmVkcml2ZW4YASABKA0iWAoUUHVyZ2VEZWFkSm9ic1JlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEg0KBXF1ZXVlGAIgASgJEg8KB2pvYl9pZHMYAyADKAkSDQoFbGltaXQYBCABKA0iJwoVUHVyZ2VEZWFkSm9ic1Jlc3BvbnNlEg4KBnB1cmdlZBgBIAEoDSprCglBY2tSZXN1bHQSGgoWQUNLX1JFU1VMVF9VTlNQRUNJRklFRBAAEhQKEEFDS19SRVNVTFRfQUNLRUQQARIUChBBQ0tfUkVTVUxUX1NUQUxFEAISFgoSQUNLX1JFU1VMVF9VTktOT1dOEAMy9QYKEURlbGF5UXVldWVTZXJ2aWNlEkAKB0VucXVldWUSGS5kZWxheXEudjEuRW5xdWV1ZVJlcXVlc3QaGi5kZWxheXEudjEuRW5xdWV1ZVJlc3BvbnNlEk8KDEVucXVldWVCYXRjaBIeLmRlbGF5cS52MS5FbnF1ZXVlQmF0Y2hSZXF1ZXN0Gh8uZGVsYXlxLnYxLkVucXVldWVCYXRjaFJlc3BvbnNlEkIKB0NvbnN1bWUSGS5kZWxheXEudjEuQ29uc3VtZVJlcXVlc3QaGi5kZWxheXEudjEuQ29uc3VtZVJlc3BvbnNlMAESNAoDQWNrEhUuZGVsYXlxLnYxLkFja1JlcXVlc3QaFi5kZWxheXEudjEuQWNrUmVzcG9uc2USNwoETmFjaxIWLmRlbGF5cS52MS5OYWNrUmVxdWVzdBoXLmRlbGF5cS52MS5OYWNrUmVzcG9uc2USTAoLRXh0ZW5kTGVhc2USHS5kZWxheXEudjEuRXh0ZW5kTGVhc2VSZXF1ZXN0Gh4uZGVsYXlxLnYxLkV4dGVuZExlYXNlUmVzcG9uc2USOgoFUXVlcnkSFy5kZWxheXEudjEuUXVlcnlSZXF1ZXN0GhguZGVsYXlxLnYxLlF1ZXJ5UmVzcG9uc2USPQoGRGVsZXRlEhguZGVsYXlxLnYxLkRlbGV0ZVJlcXVlc3QaGS5kZWxheXEudjEuRGVsZXRlUmVzcG9uc2USUgoNR2V0UXVldWVTdGF0cxIfLmRlbGF5cS52MS5HZXRRdWV1ZVN0YXRzUmVxdWVzdBogLmRlbGF5cS52MS5HZXRRdWV1ZVN0YXRzUmVzcG9uc2USTwoMTGlzdERlYWRKb2JzEh4uZGVsYXlxLnYxLkxpc3REZWFkSm9ic1JlcXVlc3QaHy5kZWxheXEudjEuTGlzdERlYWRKb2JzUmVzcG9uc2USWAoPUmVkcml2ZURlYWRKb2JzEiEuZGVsYXlxLnYxLlJlZHJpdmVEZWFkSm9ic1JlcXVlc3QaIi5kZWxheXEudjEuUmVkcml2ZURlYWRKb2JzUmVzcG9uc2USUgoNUHVyZ2VEZWFkSm9icxIfLmRlbGF5cS52MS5QdXJnZURlYWRKb2JzUmVxdWVzdBogLmRlbGF5cS52MS5QdXJnZURlYWRKb2JzUmVzcG9uc2VCN1o1Z2l0aHViLmNvbS9kZWxheXEvZGVsYXlxL2NsaWVudHMvZ28vZGVsYXlxdjE7ZGVsYXlxdjFiBnByb3RvMw", [file_delayq_v1_job, file_google_protobuf_duration, file_google_protobuf_timestamp]);
+  fileDesc("ChdkZWxheXEvdjEvc2VydmljZS5wcm90bxIJZGVsYXlxLnYxIpIDCg5FbnF1ZXVlUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSDQoFcXVldWUYAiABKAkSDwoHcGF5bG9hZBgDIAEoDBI3CgdoZWFkZXJzGAQgAygLMiYuZGVsYXlxLnYxLkVucXVldWVSZXF1ZXN0LkhlYWRlcnNFbnRyeRIqCgVkZWxheRgFIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbkgAEi4KCGR1ZV90aW1lGAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEgAEiYKA3R0bBgHIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIUCgxtYXhfYXR0ZW1wdHMYCCABKA0SJQoFcmV0cnkYCSABKAsyFi5kZWxheXEudjEuUmV0cnlQb2xpY3kSFwoPaWRlbXBvdGVuY3lfa2V5GAogASgJGi4KDEhlYWRlcnNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBQgoKCHNjaGVkdWxlImIKD0VucXVldWVSZXNwb25zZRIOCgZqb2JfaWQYASABKAkSLAoIZHVlX3RpbWUYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCWR1cGxpY2F0ZRgDIAEoCCJCChNFbnF1ZXVlQmF0Y2hSZXF1ZXN0EisKCHJlcXVlc3RzGAEgAygLMhkuZGVsYXlxLnYxLkVucXVldWVSZXF1ZXN0ImgKEkVucXVldWVCYXRjaFJlc3VsdBIsCghyZXNwb25zZRgBIAEoCzIaLmRlbGF5cS52MS5FbnF1ZXVlUmVzcG9uc2USJAoFZXJyb3IYAiABKAsyFS5kZWxheXEudjEuQmF0Y2hFcnJvciIrCgpCYXRjaEVycm9yEgwKBGNvZGUYASABKAUSDwoHbWVzc2FnZRgCIAEoCSJGChRFbnF1ZXVlQmF0Y2hSZXNwb25zZRIuCgdyZXN1bHRzGAEgAygLMh0uZGVsYXlxLnYxLkVucXVldWVCYXRjaFJlc3VsdCLEAQoOQ29uc3VtZVJlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEg4KBnF1ZXVlcxgCIAMoCRIXCg9tYXhfb3V0c3RhbmRpbmcYAyABKA0SMQoObGVhc2VfZHVyYXRpb24YBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SEQoJbWF4X2JhdGNoGAUgASgNEjAKDXJlbGVhc2VfZ3JhY2UYBiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iOgoPQ29uc3VtZVJlc3BvbnNlEicKCmRlbGl2ZXJpZXMYASADKAsyEy5kZWxheXEudjEuRGVsaXZlcnkiIgoKQWNrUmVxdWVzdBIUCgxsZWFzZV90b2tlbnMYASADKAkiNAoLQWNrUmVzcG9uc2USJQoHcmVzdWx0cxgBIAMoDjIULmRlbGF5cS52MS5BY2tSZXN1bHQiJgoOUmVsZWFzZVJlcXVlc3QSFAoMbGVhc2VfdG9rZW5zGAEgAygJIjwKD1JlbGVhc2VSZXNwb25zZRIpCgdyZXN1bHRzGAEgAygOMhguZGVsYXlxLnYxLlJlbGVhc2VSZXN1bHQicQoLTmFja1JlcXVlc3QSEwoLbGVhc2VfdG9rZW4YASABKAkSKAoFZGVsYXkYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SEwoLZGVhZF9sZXR0ZXIYAyABKAgSDgoGcmVhc29uGAQgASgJImAKDE5hY2tSZXNwb25zZRIiCgVzdGF0ZRgBIAEoDjITLmRlbGF5cS52MS5Kb2JTdGF0ZRIsCghkdWVfdGltZRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiVwoSRXh0ZW5kTGVhc2VSZXF1ZXN0EhMKC2xlYXNlX3Rva2VuGAEgASgJEiwKCWV4dGVuc2lvbhgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiJJChNFeHRlbmRMZWFzZVJlc3BvbnNlEjIKDmxlYXNlX2RlYWRsaW5lGAEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJACgxRdWVyeVJlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEg0KBXF1ZXVlGAIgASgJEg4KBmpvYl9pZBgDIAEoCSIsCg1RdWVyeVJlc3BvbnNlEhsKA2pvYhgBIAEoCzIOLmRlbGF5cS52MS5Kb2IiQQoNRGVsZXRlUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSDQoFcXVldWUYAiABKAkSDgoGam9iX2lkGAMgASgJIj0KDkRlbGV0ZVJlc3BvbnNlEisKDnByZXZpb3VzX3N0YXRlGAEgASgOMhMuZGVsYXlxLnYxLkpvYlN0YXRlIjgKFEdldFF1ZXVlU3RhdHNSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRINCgVxdWV1ZRgCIAEoCSI9ChVHZXRRdWV1ZVN0YXRzUmVzcG9uc2USJAoFc3RhdHMYASABKAsyFS5kZWxheXEudjEuUXVldWVTdGF0cyJeChNMaXN0RGVhZEpvYnNSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRINCgVxdWV1ZRgCIAEoCRIRCglwYWdlX3NpemUYAyABKA0SEgoKcGFnZV90b2tlbhgEIAEoCSJNChRMaXN0RGVhZEpvYnNSZXNwb25zZRIcCgRqb2JzGAEgAygLMg4uZGVsYXlxLnYxLkpvYhIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiWgoWUmVkcml2ZURlYWRKb2JzUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSDQoFcXVldWUYAiABKAkSDwoHam9iX2lkcxgDIAMoCRINCgVsaW1pdBgEIAEoDSIrChdSZWRyaXZlRGVhZEpvYnNSZXNwb25zZRIQCghyZWRyaXZlbhgBIAEoDSJYChRQdXJnZURlYWRKb2JzUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSDQoFcXVldWUYAiABKAkSDwoHam9iX2lkcxgDIAMoCRINCgVsaW1pdBgEIAEoDSInChVQdXJnZURlYWRKb2JzUmVzcG9uc2USDgoGcHVyZ2VkGAEgASgNKmsKCUFja1Jlc3VsdBIaChZBQ0tfUkVTVUxUX1VOU1BFQ0lGSUVEEAASFAoQQUNLX1JFU1VMVF9BQ0tFRBABEhQKEEFDS19SRVNVTFRfU1RBTEUQAhIWChJBQ0tfUkVTVUxUX1VOS05PV04QAyqCAQoNUmVsZWFzZVJlc3VsdBIeChpSRUxFQVNFX1JFU1VMVF9VTlNQRUNJRklFRBAAEhsKF1JFTEVBU0VfUkVTVUxUX1JFTEVBU0VEEAESGAoUUkVMRUFTRV9SRVNVTFRfU1RBTEUQAhIaChZSRUxFQVNFX1JFU1VMVF9VTktOT1dOEAMytwcKEURlbGF5UXVldWVTZXJ2aWNlEkAKB0VucXVldWUSGS5kZWxheXEudjEuRW5xdWV1ZVJlcXVlc3QaGi5kZWxheXEudjEuRW5xdWV1ZVJlc3BvbnNlEk8KDEVucXVldWVCYXRjaBIeLmRlbGF5cS52MS5FbnF1ZXVlQmF0Y2hSZXF1ZXN0Gh8uZGVsYXlxLnYxLkVucXVldWVCYXRjaFJlc3BvbnNlEkIKB0NvbnN1bWUSGS5kZWxheXEudjEuQ29uc3VtZVJlcXVlc3QaGi5kZWxheXEudjEuQ29uc3VtZVJlc3BvbnNlMAESNAoDQWNrEhUuZGVsYXlxLnYxLkFja1JlcXVlc3QaFi5kZWxheXEudjEuQWNrUmVzcG9uc2USQAoHUmVsZWFzZRIZLmRlbGF5cS52MS5SZWxlYXNlUmVxdWVzdBoaLmRlbGF5cS52MS5SZWxlYXNlUmVzcG9uc2USNwoETmFjaxIWLmRlbGF5cS52MS5OYWNrUmVxdWVzdBoXLmRlbGF5cS52MS5OYWNrUmVzcG9uc2USTAoLRXh0ZW5kTGVhc2USHS5kZWxheXEudjEuRXh0ZW5kTGVhc2VSZXF1ZXN0Gh4uZGVsYXlxLnYxLkV4dGVuZExlYXNlUmVzcG9uc2USOgoFUXVlcnkSFy5kZWxheXEudjEuUXVlcnlSZXF1ZXN0GhguZGVsYXlxLnYxLlF1ZXJ5UmVzcG9uc2USPQoGRGVsZXRlEhguZGVsYXlxLnYxLkRlbGV0ZVJlcXVlc3QaGS5kZWxheXEudjEuRGVsZXRlUmVzcG9uc2USUgoNR2V0UXVldWVTdGF0cxIfLmRlbGF5cS52MS5HZXRRdWV1ZVN0YXRzUmVxdWVzdBogLmRlbGF5cS52MS5HZXRRdWV1ZVN0YXRzUmVzcG9uc2USTwoMTGlzdERlYWRKb2JzEh4uZGVsYXlxLnYxLkxpc3REZWFkSm9ic1JlcXVlc3QaHy5kZWxheXEudjEuTGlzdERlYWRKb2JzUmVzcG9uc2USWAoPUmVkcml2ZURlYWRKb2JzEiEuZGVsYXlxLnYxLlJlZHJpdmVEZWFkSm9ic1JlcXVlc3QaIi5kZWxheXEudjEuUmVkcml2ZURlYWRKb2JzUmVzcG9uc2USUgoNUHVyZ2VEZWFkSm9icxIfLmRlbGF5cS52MS5QdXJnZURlYWRKb2JzUmVxdWVzdBogLmRlbGF5cS52MS5QdXJnZURlYWRKb2JzUmVzcG9uc2VCN1o1Z2l0aHViLmNvbS9kZWxheXEvZGVsYXlxL2NsaWVudHMvZ28vZGVsYXlxdjE7ZGVsYXlxdjFiBnByb3RvMw", [file_delayq_v1_job, file_google_protobuf_duration, file_google_protobuf_timestamp]);
 
 /**
  * EnqueueRequest is one job to store.
@@ -282,10 +282,24 @@ export type ConsumeRequest = Message<"delayq.v1.ConsumeRequest"> & {
 
   /**
    * Most deliveries per stream message, 1 to 1000. 0: up to max_outstanding.
+   * Messages are also capped by bytes on the server (see Consume).
    *
    * @generated from field: uint32 max_batch = 5;
    */
   maxBatch: number;
+
+  /**
+   * When the stream ends (a transport blip, a crashed client), its leases are
+   * released this long afterwards instead of at once, unless acked, nacked,
+   * released or extended meanwhile. Lease tokens stay valid during the grace, so
+   * a handler still running can settle over a unary call after its client
+   * reconnects, and its job is not run twice. 0 to lease_duration; unset or 0:
+   * release at once. A longer grace delays redelivery after a real crash by as
+   * much. When the server itself stops or dies, leases run out normally.
+   *
+   * @generated from field: google.protobuf.Duration release_grace = 6;
+   */
+  releaseGrace?: Duration | undefined;
 };
 
 /**
@@ -359,6 +373,48 @@ export const AckResponseSchema: GenMessage<AckResponse> = /*@__PURE__*/
   messageDesc(file_delayq_v1_service, 9);
 
 /**
+ * ReleaseRequest gives deliveries back unstarted.
+ *
+ * @generated from message delayq.v1.ReleaseRequest
+ */
+export type ReleaseRequest = Message<"delayq.v1.ReleaseRequest"> & {
+  /**
+   * Lease tokens from deliveries, 1 to 1000.
+   *
+   * @generated from field: repeated string lease_tokens = 1;
+   */
+  leaseTokens: string[];
+};
+
+/**
+ * Describes the message delayq.v1.ReleaseRequest.
+ * Use `create(ReleaseRequestSchema)` to create a new message.
+ */
+export const ReleaseRequestSchema: GenMessage<ReleaseRequest> = /*@__PURE__*/
+  messageDesc(file_delayq_v1_service, 10);
+
+/**
+ * ReleaseResponse has one result per token, in order.
+ *
+ * @generated from message delayq.v1.ReleaseResponse
+ */
+export type ReleaseResponse = Message<"delayq.v1.ReleaseResponse"> & {
+  /**
+   * Results, index-aligned with the request.
+   *
+   * @generated from field: repeated delayq.v1.ReleaseResult results = 1;
+   */
+  results: ReleaseResult[];
+};
+
+/**
+ * Describes the message delayq.v1.ReleaseResponse.
+ * Use `create(ReleaseResponseSchema)` to create a new message.
+ */
+export const ReleaseResponseSchema: GenMessage<ReleaseResponse> = /*@__PURE__*/
+  messageDesc(file_delayq_v1_service, 11);
+
+/**
  * NackRequest gives a delivery back.
  *
  * @generated from message delayq.v1.NackRequest
@@ -398,7 +454,7 @@ export type NackRequest = Message<"delayq.v1.NackRequest"> & {
  * Use `create(NackRequestSchema)` to create a new message.
  */
 export const NackRequestSchema: GenMessage<NackRequest> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_service, 10);
+  messageDesc(file_delayq_v1_service, 12);
 
 /**
  * NackResponse says where the job went.
@@ -427,7 +483,7 @@ export type NackResponse = Message<"delayq.v1.NackResponse"> & {
  * Use `create(NackResponseSchema)` to create a new message.
  */
 export const NackResponseSchema: GenMessage<NackResponse> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_service, 11);
+  messageDesc(file_delayq_v1_service, 13);
 
 /**
  * ExtendLeaseRequest pushes a lease deadline.
@@ -455,7 +511,7 @@ export type ExtendLeaseRequest = Message<"delayq.v1.ExtendLeaseRequest"> & {
  * Use `create(ExtendLeaseRequestSchema)` to create a new message.
  */
 export const ExtendLeaseRequestSchema: GenMessage<ExtendLeaseRequest> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_service, 12);
+  messageDesc(file_delayq_v1_service, 14);
 
 /**
  * ExtendLeaseResponse has the new deadline.
@@ -476,7 +532,7 @@ export type ExtendLeaseResponse = Message<"delayq.v1.ExtendLeaseResponse"> & {
  * Use `create(ExtendLeaseResponseSchema)` to create a new message.
  */
 export const ExtendLeaseResponseSchema: GenMessage<ExtendLeaseResponse> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_service, 13);
+  messageDesc(file_delayq_v1_service, 15);
 
 /**
  * QueryRequest names one job.
@@ -511,7 +567,7 @@ export type QueryRequest = Message<"delayq.v1.QueryRequest"> & {
  * Use `create(QueryRequestSchema)` to create a new message.
  */
 export const QueryRequestSchema: GenMessage<QueryRequest> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_service, 14);
+  messageDesc(file_delayq_v1_service, 16);
 
 /**
  * QueryResponse holds the job.
@@ -532,7 +588,7 @@ export type QueryResponse = Message<"delayq.v1.QueryResponse"> & {
  * Use `create(QueryResponseSchema)` to create a new message.
  */
 export const QueryResponseSchema: GenMessage<QueryResponse> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_service, 15);
+  messageDesc(file_delayq_v1_service, 17);
 
 /**
  * DeleteRequest names one job.
@@ -567,7 +623,7 @@ export type DeleteRequest = Message<"delayq.v1.DeleteRequest"> & {
  * Use `create(DeleteRequestSchema)` to create a new message.
  */
 export const DeleteRequestSchema: GenMessage<DeleteRequest> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_service, 16);
+  messageDesc(file_delayq_v1_service, 18);
 
 /**
  * DeleteResponse reports the state the job was in.
@@ -588,7 +644,7 @@ export type DeleteResponse = Message<"delayq.v1.DeleteResponse"> & {
  * Use `create(DeleteResponseSchema)` to create a new message.
  */
 export const DeleteResponseSchema: GenMessage<DeleteResponse> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_service, 17);
+  messageDesc(file_delayq_v1_service, 19);
 
 /**
  * GetQueueStatsRequest names one queue.
@@ -616,7 +672,7 @@ export type GetQueueStatsRequest = Message<"delayq.v1.GetQueueStatsRequest"> & {
  * Use `create(GetQueueStatsRequestSchema)` to create a new message.
  */
 export const GetQueueStatsRequestSchema: GenMessage<GetQueueStatsRequest> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_service, 18);
+  messageDesc(file_delayq_v1_service, 20);
 
 /**
  * GetQueueStatsResponse holds the counts.
@@ -637,7 +693,7 @@ export type GetQueueStatsResponse = Message<"delayq.v1.GetQueueStatsResponse"> &
  * Use `create(GetQueueStatsResponseSchema)` to create a new message.
  */
 export const GetQueueStatsResponseSchema: GenMessage<GetQueueStatsResponse> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_service, 19);
+  messageDesc(file_delayq_v1_service, 21);
 
 /**
  * ListDeadJobsRequest pages through the dead-letter set.
@@ -679,7 +735,7 @@ export type ListDeadJobsRequest = Message<"delayq.v1.ListDeadJobsRequest"> & {
  * Use `create(ListDeadJobsRequestSchema)` to create a new message.
  */
 export const ListDeadJobsRequestSchema: GenMessage<ListDeadJobsRequest> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_service, 20);
+  messageDesc(file_delayq_v1_service, 22);
 
 /**
  * ListDeadJobsResponse is one page of dead jobs.
@@ -707,7 +763,7 @@ export type ListDeadJobsResponse = Message<"delayq.v1.ListDeadJobsResponse"> & {
  * Use `create(ListDeadJobsResponseSchema)` to create a new message.
  */
 export const ListDeadJobsResponseSchema: GenMessage<ListDeadJobsResponse> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_service, 21);
+  messageDesc(file_delayq_v1_service, 23);
 
 /**
  * RedriveDeadJobsRequest picks dead jobs to retry.
@@ -749,7 +805,7 @@ export type RedriveDeadJobsRequest = Message<"delayq.v1.RedriveDeadJobsRequest">
  * Use `create(RedriveDeadJobsRequestSchema)` to create a new message.
  */
 export const RedriveDeadJobsRequestSchema: GenMessage<RedriveDeadJobsRequest> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_service, 22);
+  messageDesc(file_delayq_v1_service, 24);
 
 /**
  * RedriveDeadJobsResponse counts moved jobs.
@@ -770,7 +826,7 @@ export type RedriveDeadJobsResponse = Message<"delayq.v1.RedriveDeadJobsResponse
  * Use `create(RedriveDeadJobsResponseSchema)` to create a new message.
  */
 export const RedriveDeadJobsResponseSchema: GenMessage<RedriveDeadJobsResponse> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_service, 23);
+  messageDesc(file_delayq_v1_service, 25);
 
 /**
  * PurgeDeadJobsRequest picks dead jobs to delete.
@@ -812,7 +868,7 @@ export type PurgeDeadJobsRequest = Message<"delayq.v1.PurgeDeadJobsRequest"> & {
  * Use `create(PurgeDeadJobsRequestSchema)` to create a new message.
  */
 export const PurgeDeadJobsRequestSchema: GenMessage<PurgeDeadJobsRequest> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_service, 24);
+  messageDesc(file_delayq_v1_service, 26);
 
 /**
  * PurgeDeadJobsResponse counts deleted jobs.
@@ -833,7 +889,7 @@ export type PurgeDeadJobsResponse = Message<"delayq.v1.PurgeDeadJobsResponse"> &
  * Use `create(PurgeDeadJobsResponseSchema)` to create a new message.
  */
 export const PurgeDeadJobsResponseSchema: GenMessage<PurgeDeadJobsResponse> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_service, 25);
+  messageDesc(file_delayq_v1_service, 27);
 
 /**
  * AckResult is the outcome for one token.
@@ -878,6 +934,48 @@ export const AckResultSchema: GenEnum<AckResult> = /*@__PURE__*/
   enumDesc(file_delayq_v1_service, 0);
 
 /**
+ * ReleaseResult is the outcome for one token.
+ *
+ * @generated from enum delayq.v1.ReleaseResult
+ */
+export enum ReleaseResult {
+  /**
+   * RELEASE_RESULT_UNSPECIFIED is never returned.
+   *
+   * @generated from enum value: RELEASE_RESULT_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * RELEASE_RESULT_RELEASED: the job is ready again, its attempt not counted.
+   *
+   * @generated from enum value: RELEASE_RESULT_RELEASED = 1;
+   */
+  RELEASED = 1,
+
+  /**
+   * RELEASE_RESULT_STALE: the token is no longer current (already released, acked,
+   * nacked, or the lease ran out and the job was redelivered or retried).
+   *
+   * @generated from enum value: RELEASE_RESULT_STALE = 2;
+   */
+  STALE = 2,
+
+  /**
+   * RELEASE_RESULT_UNKNOWN: no such job (acked, deleted, expired or never existed).
+   *
+   * @generated from enum value: RELEASE_RESULT_UNKNOWN = 3;
+   */
+  UNKNOWN = 3,
+}
+
+/**
+ * Describes the enum delayq.v1.ReleaseResult.
+ */
+export const ReleaseResultSchema: GenEnum<ReleaseResult> = /*@__PURE__*/
+  enumDesc(file_delayq_v1_service, 1);
+
+/**
  * DelayQueueService schedules jobs by delay or due time and delivers them,
  * leased with a fenced token, to long-lived Consume streams.
  *
@@ -919,7 +1017,12 @@ export const DelayQueueService: GenService<{
   /**
    * Consume opens a stream of deliveries from one or more queues, in priority order.
    * The server never has more than `max_outstanding` un-acked deliveries on the
-   * stream. When the stream ends, its leased jobs go back to ready at once.
+   * stream, and no ConsumeResponse is larger than the server's byte cap (1 MiB by
+   * default, so a default client's 4 MiB receive limit always holds): a claimed
+   * batch goes out as several messages, and the largest job always fits in one.
+   * When the stream ends, its leased jobs go back to ready (after
+   * `release_grace`, at once by default) and the attempt counts: the client may
+   * have started them. Give back unstarted deliveries with Release instead.
    * Errors: INVALID_ARGUMENT, UNAVAILABLE.
    *
    * @generated from rpc delayq.v1.DelayQueueService.Consume
@@ -939,6 +1042,22 @@ export const DelayQueueService: GenService<{
     methodKind: "unary";
     input: typeof AckRequestSchema;
     output: typeof AckResponseSchema;
+  },
+  /**
+   * Release gives deliveries back unstarted: each job returns to the front of its
+   * ready list with the attempt not counted (so it is never dead-lettered by a
+   * give-back), and its stream gets the credit back. Each token is answered on its
+   * own. Use it for deliveries a consumer received but did not run (a worker
+   * shutting down, a peek). Close the stream (with a `release_grace`) before
+   * releasing, or the released jobs may be delivered to it again.
+   * Errors: INVALID_ARGUMENT (no tokens, too many, or malformed), UNAVAILABLE.
+   *
+   * @generated from rpc delayq.v1.DelayQueueService.Release
+   */
+  release: {
+    methodKind: "unary";
+    input: typeof ReleaseRequestSchema;
+    output: typeof ReleaseResponseSchema;
   },
   /**
    * Nack gives a delivery back: retried after `delay` (or the job's retry policy),
