@@ -6,11 +6,12 @@ Invariants (docs/chaos.md explains each and how to read the table):
 * early: no delivery before its due time (server's or the producer's);
 * after_ack: no delivery claimed after a successful ack or delete returned;
 * stale_accepted: no ack answered ACKED after its lease was given to another
-  delivery or nacked;
-* unexplained: every redelivery follows a lease expiry, a nack, or the end of
+  delivery, nacked or released;
+* unexplained: every redelivery follows a lease expiry, a nack or release, or the end of
   the holder's stream or process; one enqueue stores one job;
 * attempts: observed attempts rise by one (a gap only across a stream or
-  process end that can hide a delivery) and never exceed max_attempts;
+  process end that can hide a delivery; the same number after a Release, which
+  does not count) and never exceed max_attempts;
 * payload: every delivered payload is intact and belongs to its job;
 * unexpected: an enqueue that failed definitely is never delivered.
 """
@@ -122,7 +123,10 @@ def check(
     enqueues: dict[str, _Enqueue] = {}
     deliveries: dict[str, list[Op]] = defaultdict(list)
     acks: dict[str, list[tuple[Op, str, Op | None]]] = defaultdict(list)
-    nacks: dict[str, list[tuple[Op, str, Op | None]]] = defaultdict(list)
+    # Nacks and Releases: both end a lease on purpose. A released attempt is not
+    # counted, so the next delivery may carry the same attempt number.
+    gave_back: dict[str, list[tuple[Op, str, Op | None]]] = defaultdict(list)
+    uncounted: set[str] = set()
     deletes: dict[str, list[tuple[Op, str, Op | None]]] = defaultdict(list)
     ends: dict[str, list[float]] = defaultdict(list)  # process -> stream/process end times
     any_end: list[float] = []
@@ -149,8 +153,10 @@ def check(
                 enqueues[o.key] = _Enqueue(o, outcome, job, done)
             elif o.f == "ack":
                 acks[o.token].append((o, outcome, done))
-            elif o.f == "nack":
-                nacks[o.token].append((o, outcome, done))
+            elif o.f in ("nack", "release"):
+                gave_back[o.token].append((o, outcome, done))
+                if o.f == "release" and (outcome == INFO or (done and done.result == "RELEASED")):
+                    uncounted.add(o.token)
             elif o.f == "delete":
                 deletes[o.job].append((o, outcome, done))
     rep.operations = sum(1 for o in ops if o.type == INVOKE) + sum(map(len, deliveries.values()))
@@ -170,7 +176,7 @@ def check(
                 key_jobs[d.key].add(job)
 
     _check_payload_and_early(rep, deliveries, enqueues, job_key)
-    acked_at = _check_acks(rep, deliveries, acks, nacks, token_delivery)
+    acked_at = _check_acks(rep, deliveries, acks, gave_back, token_delivery)
     deleted_at = {
         job: done.t
         for job, tries in deletes.items()
@@ -188,7 +194,14 @@ def check(
                         f"after a successful {what} returned at {when:.0f}",
                     )
         _check_redeliveries(
-            rep, job, ds, nacks, ends, sorted(any_end), enqueues.get(job_key.get(job, ""))
+            rep,
+            job,
+            ds,
+            gave_back,
+            uncounted,
+            ends,
+            sorted(any_end),
+            enqueues.get(job_key.get(job, "")),
         )
 
     for key, jobs in key_jobs.items():
@@ -249,7 +262,7 @@ def _check_acks(
     rep: Report,
     deliveries: dict[str, list[Op]],
     acks: dict[str, list[tuple[Op, str, Op | None]]],
-    nacks: dict[str, list[tuple[Op, str, Op | None]]],
+    gave_back: dict[str, list[tuple[Op, str, Op | None]]],
     token_delivery: dict[str, Op],
 ) -> dict[str, float]:
     """Stale tokens accepted; returns job -> time its first successful ack returned."""
@@ -276,13 +289,14 @@ def _check_acks(
                     f"{later[0].attempt} was delivered at {_at(later[0]):.0f}",
                 )
                 continue
-            for n_inv, n_out, n_done in nacks.get(token, []):
-                if n_out == OK and n_done is not None and n_done.t < inv.t:
+            for n_inv, n_out, n_done in gave_back.get(token, []):
+                took = n_out == OK and n_done is not None and n_done.result != "STALE"
+                if took and n_done is not None and n_done.t < inv.t:
                     rep.add(
                         "stale_accepted",
                         job,
-                        f"ack sent at {inv.t:.0f} answered ACKED after its nack returned at "
-                        f"{n_done.t:.0f} (nack sent {n_inv.t:.0f})",
+                        f"ack sent at {inv.t:.0f} answered ACKED after its {n_inv.f} returned "
+                        f"at {n_done.t:.0f} (sent {n_inv.t:.0f})",
                     )
                     break
     return acked_at
@@ -296,7 +310,8 @@ def _check_redeliveries(
     rep: Report,
     job: str,
     ds: list[Op],
-    nacks: dict[str, list[tuple[Op, str, Op | None]]],
+    gave_back: dict[str, list[tuple[Op, str, Op | None]]],
+    uncounted: set[str],
     ends: dict[str, list[float]],
     any_end: list[float],
     enq: _Enqueue | None,
@@ -306,6 +321,8 @@ def _check_redeliveries(
         if d.max_attempts and d.attempt is not None and d.attempt > d.max_attempts:
             rep.add("attempts", job, f"attempt {d.attempt} exceeds max_attempts {d.max_attempts}")
         expected = 1 if prev is None else (prev.attempt or 0) + 1
+        if prev is not None and prev.token in uncounted:
+            expected -= 1  # released: the attempt went back down
         attempt = d.attempt or 0
         if attempt < expected:
             rep.add(
@@ -322,7 +339,7 @@ def _check_redeliveries(
                     f"attempt {attempt} follows attempt {expected - 1} with no stream or process "
                     "end in between to hide a delivery",
                 )
-        if prev is not None and not _explained(prev, d, nacks, ends):
+        if prev is not None and not _explained(prev, d, gave_back, ends):
             rep.add(
                 "unexplained",
                 job,
@@ -334,11 +351,14 @@ def _check_redeliveries(
 
 
 def _explained(
-    prev: Op, d: Op, nacks: dict[str, list[tuple[Op, str, Op | None]]], ends: dict[str, list[float]]
+    prev: Op,
+    d: Op,
+    gave_back: dict[str, list[tuple[Op, str, Op | None]]],
+    ends: dict[str, list[float]],
 ) -> bool:
     if prev.deadline is not None and _at(d) >= prev.deadline:
         return True  # the lease ran out
-    if any(inv.t <= d.t for inv, _out, _done in nacks.get(prev.token, [])):
+    if any(inv.t <= d.t for inv, _out, _done in gave_back.get(prev.token, [])):
         return True
     return _ended_between(ends.get(prev.process, []), prev.t, d.t + STREAM_END_SLACK_MS)
 

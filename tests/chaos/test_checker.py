@@ -96,6 +96,10 @@ class H:
         self._pair(process, "nack", t, t + 1, "ok", token=token, result="SCHEDULED")
         return self
 
+    def release(self, token: str, t: float, result: str = "RELEASED", process: str = "w1") -> H:
+        self._pair(process, "release", t, t + 1, "ok", token=token, result=result)
+        return self
+
     def delete(self, job: str, t: float) -> H:
         self._pair("p", "delete", t, t + 1, "ok", job=job, result="SCHEDULED")
         return self
@@ -321,3 +325,20 @@ def test_table_has_a_column_per_invariant() -> None:
         assert head in table
     assert "~1" in table and table.splitlines()[1].startswith("demo")
     assert set(rep.counts) == set(INVARIANTS)
+
+
+def test_release_explains_a_redelivery_with_the_same_attempt() -> None:
+    h = H().enqueue("kd", "d").deliver("d", 1, 100, lease=1000).release("d.1", 110)
+    h.deliver("d", 1, 200, token="d.1b", process="w2").ack("d.1b", 210, process="w2")
+    assert check(h.ops).failed == []
+
+
+def test_same_attempt_after_a_stale_release_is_not_explained() -> None:
+    h = H().enqueue("kd", "d").deliver("d", 1, 100, lease=1000).release("d.1", 110, "STALE")
+    h.deliver("d", 1, 200, token="d.1b", process="w2").ack("d.1b", 210, process="w2")
+    assert check(h.ops).counts["attempts"] == 1
+
+
+def test_ack_accepted_after_release() -> None:
+    h = H().enqueue("kd", "d").deliver("d", 1, 100).release("d.1", 110).ack("d.1", 120)
+    assert check(h.ops).counts["stale_accepted"] == 1

@@ -48,6 +48,14 @@ class Worker:
         self.rng = random.Random(args.seed)
         self.acks: asyncio.Queue[str] = asyncio.Queue()
         self.stop = asyncio.Event()
+        self.released: set[str] = set()
+
+    def _releases(self, key: str, attempt: int) -> bool:
+        """Give back a fixed share of first attempts unstarted, once per key here."""
+        if attempt != 1 or key in self.released:
+            return False
+        rate: float = self.args.release_rate
+        return zlib.crc32(b"release " + key.encode()) % 1000 < rate * 1000
 
     def _nacks(self, key: str, attempt: int) -> bool:
         """Nack a fixed share of first attempts (chosen by key, so reruns agree)."""
@@ -57,6 +65,10 @@ class Worker:
         self, stub: service_pb2_grpc.DelayQueueServiceAsyncStub, d: job_pb2.Delivery
     ) -> None:
         key, _ok = payload.verify(d.job.payload)
+        if self._releases(key, d.attempt):
+            self.released.add(key)
+            await self.give_back(stub, d)
+            return
         if self.args.hold_ms:
             await asyncio.sleep(self.rng.uniform(0, self.args.hold_ms) / 1000)  # the "work"
         if self._nacks(key, d.attempt):
@@ -76,6 +88,21 @@ class Worker:
                 self.rec.record(kind, "nack", op=op, job=d.job.id, token=d.lease_token, result=code)
             return
         await self.acks.put(d.lease_token)
+
+    async def give_back(
+        self, stub: service_pb2_grpc.DelayQueueServiceAsyncStub, d: job_pb2.Delivery
+    ) -> None:
+        op = self.rec.next_op_id()
+        self.rec.record(INVOKE, "release", op=op, job=d.job.id, token=d.lease_token)
+        try:
+            resp = await stub.Release(
+                service_pb2.ReleaseRequest(lease_tokens=[d.lease_token]), timeout=CALL_TIMEOUT_S
+            )
+            name = service_pb2.ReleaseResult.Name(resp.results[0]).removeprefix("RELEASE_RESULT_")
+            self.rec.record(OK, "release", op=op, job=d.job.id, token=d.lease_token, result=name)
+        except grpc.RpcError as err:
+            kind, code = outcome_of(err)
+            self.rec.record(kind, "release", op=op, job=d.job.id, token=d.lease_token, result=code)
 
     async def ack_loop(self, stub: service_pb2_grpc.DelayQueueServiceAsyncStub) -> None:
         while True:
@@ -175,6 +202,7 @@ def main() -> None:
     p.add_argument("--outstanding", type=int, default=50)
     p.add_argument("--hold-ms", type=int, default=50)
     p.add_argument("--nack-rate", type=float, default=0.05)
+    p.add_argument("--release-rate", type=float, default=0.03)
     p.add_argument("--seed", type=int, default=0)
     asyncio.run(Worker(p.parse_args()).run())
 
