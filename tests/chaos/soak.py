@@ -25,6 +25,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=faults.SOAK.rounds, help="faults per run")
     p.add_argument("--acks", type=int, default=faults.SOAK.after_acks, help="acks between faults")
     p.add_argument("--burst", type=int, default=faults.SOAK.burst, help="jobs due in one second")
+    p.add_argument(
+        "--burst-rate",
+        type=float,
+        default=faults.SOAK.burst_rate,
+        help="enqueue rate (jobs/s) assumed when placing the burst's due second",
+    )
     p.add_argument("--only", action="append", default=[], help="fault name (repeatable)")
     p.add_argument("--out", type=Path, default=None, help="keep histories here")
     args = p.parse_args(argv)
@@ -38,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         warmup_acks=args.acks,
         after_acks=args.acks,
         burst=args.burst,
+        burst_rate=args.burst_rate,
     )
     chosen = [f for f in faults.FAULTS if not args.only or f.name in args.only]
     out = args.out or Path(tempfile.mkdtemp(prefix="delayq-chaos-"))
