@@ -424,15 +424,21 @@ def format_table(reports: Iterable[Report]) -> str:
     ``!`` marks a known failure whose issue reference the summary prints.
     """
     reports = list(reports)
-    width = max([len("fault"), *(len(r.name) for r in reports)])
-    heads = [h for _k, h in _COLUMNS] + [h for _k, h in _INFO]
-    out = ["  ".join(["fault".ljust(width), *heads, "verdict"])]
+    heads = ["fault"] + [h for _k, h in _COLUMNS] + [h for _k, h in _INFO] + ["verdict"]
+    rows = [heads]
     for r in reports:
-        cells = [str(r.operations).rjust(len(_COLUMNS[0][1]))]
-        for k, h in _COLUMNS[1:]:
+        cells = [r.name, str(r.operations)]
+        for k, _h in _COLUMNS[1:]:
             mark = "~" if k in r.tolerated else "!" if k in r.known else ""
-            cells.append((mark + str(r.counts[k])).rjust(len(h)))
-        cells += [str(r.info.get(k, 0)).rjust(len(h)) for k, h in _INFO]
-        verdict = "FAIL " + ",".join(r.failed) if r.failed else "ok"
-        out.append("  ".join([r.name.ljust(width), *cells, verdict]))
+            cells.append(mark + str(r.counts[k]))
+        cells += [str(r.info.get(k, 0)) for k, _h in _INFO]
+        cells.append("FAIL " + ",".join(r.failed) if r.failed else "ok")
+        rows.append(cells)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(heads))]
+    out = []
+    for row in rows:
+        first, *middle, last = row
+        cols = [first.ljust(widths[0])]
+        cols += [c.rjust(w) for c, w in zip(middle, widths[1:-1], strict=True)]
+        out.append("  ".join([*cols, last]))
     return "\n".join(out)
