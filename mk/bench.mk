@@ -6,7 +6,7 @@ BENCH_PEERS := bench/peers
 BENCH_ARQ_VENV := $(BENCH_PEERS)/.venv
 BENCH_STAMP := $(VENV)/.bench-deps-stamp
 
-.PHONY: bench-deps bench-full bench-quick bench-profile
+.PHONY: bench-deps bench-full bench-quick bench-profile bench-replay
 
 $(BENCH_STAMP): bench/requirements.txt $(STAMP)
 	$(PY) -m pip install -q -r bench/requirements.txt
@@ -44,3 +44,7 @@ lint-py: $(BENCH_STAMP)
 .PHONY: bench-redelivery
 bench-redelivery: deps
 	$(PY) -m bench.redelivery $(BENCH_ARGS)
+
+# Redis CPU per script call with and without the lost-reply guard (issue 8).
+bench-replay: deps
+	$(PY) -m bench.replay_overhead $(BENCH_ARGS)

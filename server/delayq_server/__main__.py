@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from delayq_server import config
-from delayq_server.app import App
+from delayq_server.app import App, StartupError
 from delayq_server.managed_redis import ManagedRedis
 
 log = logging.getLogger("delayq")
@@ -17,14 +17,18 @@ log = logging.getLogger("delayq")
 
 async def serve(cfg: config.Config, redis_url: str) -> None:
     app = App(cfg, redis_url)
-    port = await app.start()
-    host = cfg.listen.rsplit(":", 1)[0]
-    # Tests and scripts wait for this exact line.
-    print(f"delayq: listening on {host}:{port}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    try:
+        port = await app.start()
+    except BaseException:
+        await app.abort()
+        raise
+    host = cfg.listen.rsplit(":", 1)[0]
+    # Tests and scripts wait for this exact line (and may signal right after it).
+    print(f"delayq: listening on {host}:{port}", flush=True)
     await stop.wait()
     log.info("shutting down (grace %.1fs)", cfg.grace_ms / 1000)
     await app.stop()
@@ -38,16 +42,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     managed: ManagedRedis | None = None
     url = cfg.redis_url
-    if url is None:
-        managed = ManagedRedis(cfg.data_dir, port=0).start()
-        url = managed.url
-        log.info("started managed redis-server at %s (data in %s)", url, cfg.data_dir)
     try:
+        if url is None:
+            try:
+                managed = ManagedRedis(cfg.data_dir, port=0).start()
+            except (RuntimeError, OSError) as exc:
+                config.fail(str(exc).splitlines()[0])
+            url = managed.url
+            log.info("started managed redis-server at %s (data in %s)", url, cfg.data_dir)
         import uvloop
 
         uvloop.run(serve(cfg, url))
     except KeyboardInterrupt:
         pass
+    except StartupError as exc:
+        config.fail(str(exc))
     finally:
         if managed is not None:
             managed.stop()

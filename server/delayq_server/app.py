@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import socket
+from urllib.parse import urlsplit
 
 import grpc
 import redis.asyncio as aioredis
@@ -14,6 +17,7 @@ from grpc_reflection.v1alpha import reflection
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from delayq.v1 import service_pb2, service_pb2_grpc
@@ -23,6 +27,7 @@ from delayq_server.decode_guard import DecodeGuard
 from delayq_server.dispatcher import Dispatcher
 from delayq_server.service import DelayQueueService
 from delayq_server.store import Store
+from delayq_server.store.scripts import REPLAY_TTL_MS
 from delayq_server.timers.manager import Timers
 
 log = logging.getLogger(__name__)
@@ -38,11 +43,78 @@ SERVER_OPTIONS = [
     ("grpc.http2.max_pings_without_data", 0),
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    # gRPC Python sets SO_REUSEPORT by default: a second server on the same port
+    # would start silently and split the traffic. Binding must fail instead.
+    ("grpc.so_reuseport", 0),
 ]
 
 
 REDIS_POOL_SIZE = 64
+REDIS_RETRIES = 3
+REDIS_BACKOFF_CAP_S = 1.0
+REDIS_CONNECT_TIMEOUT_S = 2.0
+# A re-sent script must still find its first run's reply (store/scripts.py).
+assert REDIS_RETRIES * (REDIS_BACKOFF_CAP_S + REDIS_CONNECT_TIMEOUT_S) * 1000 < REPLAY_TTL_MS / 2
+
+
+def redis_client(redis_url: str) -> aioredis.Redis:
+    """The Redis client every replica uses.
+
+    A command that fails on a dropped connection (Redis restarted, failover,
+    a lost reply) is re-sent a few times on a fresh one. Every script carries a
+    request id, so a re-sent script returns its first run's reply instead of
+    running again (docs/decisions.md, "Lost replies"). A bounded pool that waits
+    for a free connection: a batch spread over hundreds of queues (one script
+    call per shard, concurrently) must queue up, not fail with "Too many
+    connections".
+    """
+    pool = aioredis.BlockingConnectionPool.from_url(
+        redis_url,
+        max_connections=REDIS_POOL_SIZE,
+        timeout=10,
+        decode_responses=False,
+        health_check_interval=30,
+        socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
+        retry=Retry(ExponentialBackoff(cap=REDIS_BACKOFF_CAP_S, base=0.05), REDIS_RETRIES),
+        retry_on_error=[RedisConnectionError, RedisTimeoutError],
+    )
+    return aioredis.Redis.from_pool(pool)
+
+
 FINISH_TIMEOUT_S = 5.0
+
+
+class StartupError(Exception):
+    """The server cannot start; the message is the one line printed to the operator."""
+
+
+def _check_bind(listen: str) -> None:
+    """Refuses an address another process listens on, with one clear line
+    (gRPC's own bind failure also logs a core error line first)."""
+    host, _, port = listen.rpartition(":")
+    if port == "0":
+        return
+    host = host.strip("[]")
+    try:
+        infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise StartupError(f"cannot listen on {listen}: {exc}") from exc
+    family, kind, proto, _, addr = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(addr)
+        except OSError as exc:
+            raise StartupError(f"cannot listen on {listen}: {exc.strerror}") from exc
+
+
+def _safe_url(url: str) -> str:
+    """The URL without a password, for messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    return parts._replace(netloc=f"***@{netloc}").geturl()
 
 
 class App:
@@ -54,23 +126,8 @@ class App:
         if cfg.clock_skew_ms:
             log.warning("local clock skewed by %d ms (test setting)", cfg.clock_skew_ms)
         clock.set_skew_ms(cfg.clock_skew_ms)
-        # A command that fails on a dropped connection (Redis restarted, failover)
-        # is retried a few times on a fresh one. Scripts are conditional, so a
-        # repeat after a lost reply is at worst an extra delivery: at-least-once.
-        # A bounded pool that waits for a free connection: a batch spread over
-        # hundreds of queues (one script call per shard, concurrently) must queue
-        # up, not fail with "Too many connections".
-        pool = aioredis.BlockingConnectionPool.from_url(
-            redis_url,
-            max_connections=REDIS_POOL_SIZE,
-            timeout=10,
-            decode_responses=False,
-            health_check_interval=30,
-            socket_connect_timeout=2,
-            retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 3),
-            retry_on_error=[RedisConnectionError, RedisTimeoutError],
-        )
-        self.redis = aioredis.Redis.from_pool(pool)
+        self.redis_url = redis_url
+        self.redis = redis_client(redis_url)
         self.store = Store(
             self.redis,
             bucket_width_ms=cfg.bucket_width_ms,
@@ -84,8 +141,11 @@ class App:
             self.hub,
             self.server_id,
             on_leased=lambda keys, deadline_ms: self.timers.lease_taken(keys, deadline_ms),
+            idle_fallback_s=cfg.wake_fallback_ms / 1000,
         )
-        self.timers = Timers(self.store, self.hub, self.dispatcher.on_reaped)
+        self.timers = Timers(
+            self.store, self.hub, self.dispatcher.on_reaped, fallback_s=cfg.wake_fallback_ms / 1000
+        )
         self.listener = events.PubSubListener(
             self.redis,
             self.hub,
@@ -109,7 +169,11 @@ class App:
 
     async def start(self) -> int:
         """Checks Redis, starts loops, binds and serves; returns the bound port."""
-        await self.redis.ping()
+        try:
+            await self.redis.ping()
+            await self.store.load_scripts()
+        except RedisError as exc:
+            raise StartupError(f"cannot use Redis at {_safe_url(self.redis_url)}: {exc}") from exc
         self.listener.start()
         await asyncio.wait_for(self.listener.ready.wait(), 10)
         await self.timers.start()
@@ -121,9 +185,15 @@ class App:
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
         )
-        self.port = self.server.add_insecure_port(self.cfg.listen)
+        _check_bind(self.cfg.listen)
+        try:
+            self.port = self.server.add_insecure_port(self.cfg.listen)
+        except RuntimeError:
+            self.port = 0
         if self.port == 0:
-            raise RuntimeError(f"cannot listen on {self.cfg.listen}")
+            raise StartupError(
+                f"cannot listen on {self.cfg.listen}: address in use or not available"
+            )
         await self.server.start()
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
@@ -140,6 +210,15 @@ class App:
             await asyncio.wait_for(self._finish(), timeout=FINISH_TIMEOUT_S)
         except TimeoutError:
             log.warning("shutdown: Redis clean-up did not finish in %ss", FINISH_TIMEOUT_S)
+
+    async def abort(self) -> None:
+        """Undoes a start that failed half-way (nothing was served)."""
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.timers.stop(), FINISH_TIMEOUT_S)
+        with contextlib.suppress(Exception):
+            await self.listener.stop()
+        with contextlib.suppress(Exception):
+            await self.redis.aclose()
 
     async def _finish(self) -> None:
         await self.dispatcher.drain_releases()

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import NoReturn
+from urllib.parse import urlsplit
 
 from delayq_server.durations import parse_ms, parse_signed_ms
 
@@ -30,6 +33,7 @@ class Config:
     idempotency_window_ms: int = 24 * 3_600_000
     bucket_width_ms: int = 1_000
     grace_ms: int = 10_000
+    wake_fallback_ms: int = 30_000  # longest idle wait without a wake-up
     log_level: str = "INFO"
     clock_skew_ms: int = 0  # test only: shifts the local wall clock (docs/chaos.md)
     otel: bool = False  # export traces/metrics over OTLP (OTEL_EXPORTER_OTLP_* env)
@@ -57,6 +61,7 @@ _FLAGS: dict[str, tuple[str, Callable[[str], object] | None, str]] = {
     "idempotency_window_ms": ("DELAYQ_IDEMPOTENCY_WINDOW", None, "idempotency key lifetime"),
     "bucket_width_ms": ("DELAYQ_BUCKET_WIDTH", None, "backlog time-bucket width"),
     "grace_ms": ("DELAYQ_GRACE", None, "shutdown grace period"),
+    "wake_fallback_ms": ("DELAYQ_WAKE_FALLBACK", None, "longest idle wait without a wake-up"),
     "log_level": ("DELAYQ_LOG_LEVEL", str, "logging level"),
     "clock_skew_ms": (
         "DELAYQ_CLOCK_SKEW",
@@ -66,44 +71,123 @@ _FLAGS: dict[str, tuple[str, Callable[[str], object] | None, str]] = {
 }
 
 
+class ConfigError(ValueError):
+    """A setting out of range; the message names the flag."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        fail(message)
+
+
+def fail(message: str) -> NoReturn:
+    """One line on stderr and exit status 2: how every start-up refusal looks."""
+    sys.stderr.write(f"delayq-server: error: {message}\n")
+    raise SystemExit(2)
+
+
 def _convert(kind: Callable[[str], object] | None, value: str) -> object:
     if kind is None:  # a duration
         return parse_ms(value)
     return kind(value)
 
 
-def load(argv: Sequence[str] | None = None, env: dict[str, str] | None = None) -> Config:
-    """Builds the config; flags win over environment, environment over defaults."""
-    env = dict(os.environ) if env is None else env
-    parser = argparse.ArgumentParser(prog="delayq-server", description="delayq gRPC server")
-    for name, (var, _kind, text) in _FLAGS.items():
-        flag = "--" + name.removesuffix("_ms").replace("_", "-")
-        parser.add_argument(flag, dest=name, default=None, help=f"{text} (env {var})")
-    parser.add_argument("--otel", action="store_true", default=None, help="export OTLP telemetry")
-    ns = parser.parse_args(argv)
-    values: dict[str, object] = {}
-    for name, (var, kind, _text) in _FLAGS.items():
-        raw = getattr(ns, name)
-        if raw is None:
-            raw = env.get(var) or None
-        if raw is not None:
-            try:
-                values[name] = _convert(kind, raw)
-            except ValueError as exc:
-                parser.error(f"{name}: {exc}")
-    if ns.otel or env.get("DELAYQ_OTEL", "") in ("1", "true"):
-        values["otel"] = True
-    cfg = Config(**values)  # type: ignore[arg-type]
-    if cfg.shards_per_queue < 1 or cfg.shards_per_queue > 1024:
-        parser.error("shards_per_queue: must be 1 to 1024")
+def flag_of(name: str) -> str:
+    return "--" + name.removesuffix("_ms").replace("_", "-")
+
+
+_DAY_MS = 86_400_000
+_MIB = 1024 * 1024
+# Inclusive ranges of numeric settings (durations in ms). The lease range is the
+# one Consume accepts (validation.MIN_LEASE_MS / MAX_LEASE_MS); 366 days is the
+# longest delay a job may have.
+_RANGES: dict[str, tuple[float, float, str]] = {
+    "default_lease_ms": (1_000, 12 * 3_600_000, "1s to 12h"),
+    "default_max_attempts": (1, 1000, "1 to 1000"),
+    "retry_initial_ms": (0, 366 * _DAY_MS, "0 to 366d"),
+    "retry_max_ms": (0, 366 * _DAY_MS, "0 to 366d"),
+    "retry_multiplier": (1.0, 10.0, "1.0 to 10.0"),
+    "retry_jitter": (0.0, 1.0, "0.0 to 1.0"),
+    "max_payload_bytes": (1, 32 * _MIB, f"1 to {32 * _MIB}"),
+    # The server's own gRPC send limit is 64 MiB (app.SERVER_OPTIONS).
+    "max_response_bytes": (1, 64 * _MIB, f"1 to {64 * _MIB}"),
+    "shards_per_queue": (1, 1024, "1 to 1024"),
+    "completed_retention_ms": (0, 366 * _DAY_MS, "0 (off) to 366d"),
+    # 0 would make every idempotent enqueue fail (Redis refuses SET ... PX 0).
+    "idempotency_window_ms": (1_000, 366 * _DAY_MS, "1s to 366d"),
+    "bucket_width_ms": (1, 3_600_000, "1ms to 1h"),
+    "grace_ms": (0, 3_600_000, "0 to 1h"),
+    "wake_fallback_ms": (100, _DAY_MS, "100ms to 1d"),
+    "clock_skew_ms": (-_DAY_MS, _DAY_MS, "-1d to 1d"),
+}
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def check(cfg: Config) -> None:
+    """Refuses any setting outside its documented range (ConfigError names the flag)."""
+    for name, (lo, hi, text) in _RANGES.items():
+        value = getattr(cfg, name)
+        if not lo <= value <= hi:
+            unit = "ms" if name.endswith("_ms") else ""
+            raise ConfigError(f"{flag_of(name)}: must be {text}, got {value}{unit}")
+    if cfg.retry_max_ms < cfg.retry_initial_ms:
+        raise ConfigError("--retry-max: must not be below --retry-initial")
+    if cfg.log_level.upper() not in _LOG_LEVELS:
+        raise ConfigError(f"--log-level: must be one of {', '.join(_LOG_LEVELS)}")
+    if cfg.redis_url is not None:
+        scheme = urlsplit(cfg.redis_url).scheme
+        if scheme not in ("redis", "rediss", "unix"):
+            raise ConfigError(
+                f"--redis-url: {cfg.redis_url!r} is not a redis://, rediss:// or unix:// URL"
+            )
+    host, sep, port = cfg.listen.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"--listen: {cfg.listen!r} is not host:port (port 0 picks one)")
+    if cfg.redis_url is None and not cfg.data_dir:
+        raise ConfigError("--data-dir: must not be empty")
     # Imported here: validation imports this module.
     from delayq_server.validation import max_delivery_bytes
 
     largest = max_delivery_bytes(cfg.max_payload_bytes)
     if cfg.max_response_bytes < largest:
-        parser.error(
-            f"max_response_bytes: {cfg.max_response_bytes} is below the largest delivery "
-            f"({largest} bytes with max_payload_bytes {cfg.max_payload_bytes}): "
+        raise ConfigError(
+            f"--max-response-bytes: {cfg.max_response_bytes} is below the largest delivery "
+            f"({largest} bytes with --max-payload-bytes {cfg.max_payload_bytes}): "
             "a single job must always fit in one message"
         )
+
+
+def load(argv: Sequence[str] | None = None, env: dict[str, str] | None = None) -> Config:
+    """Builds and checks the config; flags win over environment, environment over defaults.
+
+    A bad value exits with one line on stderr (status 2).
+    """
+    env = dict(os.environ) if env is None else env
+    parser = _Parser(prog="delayq-server", description="delayq gRPC server")
+    for name, (var, _kind, text) in _FLAGS.items():
+        parser.add_argument(flag_of(name), dest=name, default=None, help=f"{text} (env {var})")
+    parser.add_argument("--otel", action="store_true", default=None, help="export OTLP telemetry")
+    ns = parser.parse_args(argv)
+    values: dict[str, object] = {}
+    for name, (var, kind, _text) in _FLAGS.items():
+        raw = getattr(ns, name)
+        source = flag_of(name)
+        if raw is None:
+            raw = env.get(var) or None
+            source = var
+        if raw is not None:
+            try:
+                values[name] = _convert(kind, raw)
+            except ValueError as exc:
+                fail(f"{source}: {exc}")
+    if ns.otel or env.get("DELAYQ_OTEL", "") in ("1", "true"):
+        values["otel"] = True
+    cfg = Config(**values)  # type: ignore[arg-type]
+    try:
+        check(cfg)
+    except ConfigError as exc:
+        fail(str(exc))
     return cfg
+
+
+assert {f.name for f in fields(Config)} >= set(_RANGES)

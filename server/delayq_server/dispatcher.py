@@ -146,7 +146,7 @@ class ConsumeStream:
                 yield batch
                 continue
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), IDLE_FALLBACK_S)
+                await asyncio.wait_for(self.wake.wait(), self._d.idle_fallback_s)
 
     async def _verify_outstanding(self) -> None:
         """Drops leases this stream no longer holds (credit lost with a pub/sub message,
@@ -181,8 +181,10 @@ class Dispatcher:
         hub: events.EventHub,
         server_id: str,
         on_leased: Callable[[ShardKeys, int], None] = lambda keys, deadline_ms: None,
+        idle_fallback_s: float = IDLE_FALLBACK_S,
     ) -> None:
         self.store = store
+        self.idle_fallback_s = idle_fallback_s
         self.on_leased = on_leased  # tells this replica's reaper about new deadlines
         self.hub = hub
         self.server_id = server_id

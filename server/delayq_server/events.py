@@ -3,8 +3,10 @@
 Scripts publish "<shard prefix> ready" when an empty ready list gets jobs and
 "<shard prefix> due <ms>" when a shard's earliest due time moves earlier. Every
 replica listens, so a job enqueued through one server wakes the promoter and
-the idle Consume streams of all of them. Pub/sub is at-most-once: waiters
-also time out (a fallback, never the thing that decides delivery time).
+the idle Consume streams of all of them. Pub/sub is at-most-once: every
+(re)subscribe, including redis-py's silent reconnect, triggers a full re-check,
+a PING every second finds a dead subscription within a few seconds, and
+waiters also time out (a fallback, never the thing that decides delivery time).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections import defaultdict
 from collections.abc import Callable
 
 import redis.asyncio as aioredis
+from redis.asyncio.client import PubSub
 
 from delayq_server.store.keys import EVENTS_CHANNEL, server_channel
 
@@ -23,6 +26,13 @@ log = logging.getLogger(__name__)
 
 READY = "ready"  # jobs arrived in an empty ready list
 DUE = "due"  # the earliest due time moved earlier (or leases were reaped)
+
+# A subscriber that has not answered a PING within PONG_DEADLINE_S is treated as
+# dead (half-open socket, killed connection) and replaced: events may be lost
+# for at most that long before the re-check that follows a re-subscribe.
+PING_INTERVAL_S = 1.0
+PONG_DEADLINE_S = 3.0
+PING_TOKEN = b"delayq-alive"
 
 
 def tag_of(prefix: str) -> str:
@@ -35,6 +45,8 @@ class EventHub:
 
     def __init__(self) -> None:
         self._subs: dict[tuple[str, str], set[asyncio.Event]] = defaultdict(set)
+        # Called for an event nobody here waits for (a stopped shard's "due").
+        self.on_unheard: Callable[[str, str], None] = lambda kind, tag: None
 
     def subscribe(self, kind: str, tag: str, event: asyncio.Event) -> None:
         self._subs[(kind, tag)].add(event)
@@ -47,7 +59,11 @@ class EventHub:
                 del self._subs[(kind, tag)]
 
     def fire(self, kind: str, tag: str) -> None:
-        for event in self._subs.get((kind, tag), ()):
+        subs = self._subs.get((kind, tag))
+        if not subs:
+            self.on_unheard(kind, tag)
+            return
+        for event in subs:
             event.set()
 
 
@@ -71,6 +87,7 @@ class PubSubListener:
         self._on_subscribed = on_subscribed
         self._task: asyncio.Task[None] | None = None
         self.ready = asyncio.Event()
+        self.resubscribes = 0  # (re)subscriptions seen, the first one included
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="pubsub")
@@ -86,16 +103,39 @@ class PubSubListener:
             try:
                 async with self._client.pubsub() as ps:
                     await ps.subscribe(EVENTS_CHANNEL, server_channel(self._server_id))
-                    self.ready.set()
-                    self._on_subscribed()
-                    async for msg in ps.listen():
-                        if msg.get("type") == "message":
-                            self._dispatch(msg["channel"], msg["data"])
+                    await self._listen(ps)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 log.warning("pub/sub listener: %s; reconnecting", exc)
                 await asyncio.sleep(0.5)
+
+    async def _listen(self, ps: PubSub) -> None:
+        """Reads messages and pings until the subscription looks dead (then raises)."""
+        clock = asyncio.get_running_loop().time
+        last_pong = next_ping = clock()
+        while True:
+            now = clock()
+            if now - last_pong > PONG_DEADLINE_S:
+                raise ConnectionError(f"no PING reply in {PONG_DEADLINE_S:.0f}s")
+            if now >= next_ping:
+                await ps.ping(PING_TOKEN)
+                next_ping = now + PING_INTERVAL_S
+            msg = await ps.get_message(timeout=max(0.01, next_ping - now))
+            if msg is None:
+                continue
+            kind = msg.get("type")
+            if kind == "message":
+                self._dispatch(msg["channel"], msg["data"])
+            elif kind == "pong":
+                last_pong = clock()
+            elif kind == "subscribe" and msg["channel"] == EVENTS_CHANNEL.encode():
+                # Also after redis-py re-subscribed by itself on a new
+                # connection: whatever was published in the gap is lost.
+                self.resubscribes += 1
+                last_pong = clock()
+                self.ready.set()
+                self._on_subscribed()
 
     def _dispatch(self, channel: bytes, data: bytes) -> None:
         text = data.decode()

@@ -156,7 +156,9 @@ def enqueue(req: service_pb2.EnqueueRequest, cfg: Config, prefix: str = "") -> E
     max_attempts = req.max_attempts or cfg.default_max_attempts
     if not 1 <= max_attempts <= MAX_ATTEMPTS:
         raise InvalidArgument(prefix + "max_attempts", f"must be 1 to {MAX_ATTEMPTS}")
-    initial, cap, mult, jitter = retry(req.retry, cfg, prefix + "retry.")
+    initial, cap, mult, jitter = retry(
+        req.retry, cfg, prefix + "retry.", has_policy=req.HasField("retry")
+    )
     if len(req.idempotency_key) > MAX_IDEMPOTENCY_KEY:
         raise InvalidArgument(prefix + "idempotency_key", f"at most {MAX_IDEMPOTENCY_KEY} chars")
     if any(ord(c) < 0x20 for c in req.idempotency_key):
@@ -200,7 +202,9 @@ def due_vs_now(spec: JobSpec, now_ms: int, prefix: str = "") -> InvalidArgument 
     return None
 
 
-def retry(policy: job_pb2.RetryPolicy, cfg: Config, prefix: str) -> tuple[int, int, float, float]:
+def retry(
+    policy: job_pb2.RetryPolicy, cfg: Config, prefix: str, *, has_policy: bool = True
+) -> tuple[int, int, float, float]:
     initial = cfg.retry_initial_ms
     if policy.HasField("initial_backoff"):
         initial = duration_ms(
@@ -214,7 +218,9 @@ def retry(policy: job_pb2.RetryPolicy, cfg: Config, prefix: str) -> tuple[int, i
     mult = policy.multiplier or cfg.retry_multiplier
     if not 1.0 <= mult <= 10.0:
         raise InvalidArgument(prefix + "multiplier", "must be 1.0 to 10.0 (0 = server default)")
-    jitter = policy.jitter
+    # A job without a retry policy gets the server's --retry-jitter; a policy
+    # given is taken as it is (its jitter 0 means none).
+    jitter = policy.jitter if has_policy else cfg.retry_jitter
     if not 0.0 <= jitter <= 1.0:
         raise InvalidArgument(prefix + "jitter", "must be 0.0 to 1.0")
     return initial, cap, mult, jitter

@@ -23,9 +23,10 @@ def test_flag_and_environment_take_signed_durations() -> None:
     assert config.load([], env={}).clock_skew_ms == 0
 
 
-def test_refuses_a_skew_that_is_not_a_duration() -> None:
+@pytest.mark.parametrize("value", ["soon", "2d", "-2d"])
+def test_refuses_a_skew_that_is_not_a_duration_or_out_of_range(value: str) -> None:
     with pytest.raises(SystemExit):
-        config.load(["--clock-skew=soon"], env={})
+        config.load([f"--clock-skew={value}"], env={})
 
 
 def test_job_ids_carry_the_skewed_clock(skew: None) -> None:

@@ -38,4 +38,4 @@ for i = 0, n - 1 do
   end
 end
 if acked > 0 then redis.call('HINCRBY', k_stats, 'acked', acked) end
-return out
+return out, acked > 0  -- nothing changed: nothing to replay (replay.lua)

@@ -10,12 +10,38 @@
 -- Each lease gets a fresh nonce stored in the record: that is the fence that
 -- makes Ack/Nack/ExtendLease with an older token fail. Jobs past their TTL are
 -- dropped here and counted, never delivered.
+-- KEYS[6] the call's request key (includes/replay.lua). A re-sent claim (its
+-- reply was lost) answers the leases the first run took, re-read from their
+-- records, so no lease is left that no stream knows of. Only ids and nonces are
+-- kept for the replay, never the records (payloads can be large).
 local k_ready, k_leased, k_stats, k_exp, k_dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local prefix, count, lease, nonce_prefix = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
 -- @include record
+-- @include replay
+local prev = replay_get()
+if prev then
+  local out = {prev[1]}
+  for i = 2, #prev, 2 do
+    local id, nonce = prev[i], prev[i + 1]
+    local raw = redis.call('GET', prefix .. 'j:' .. id)
+    if raw then
+      local rec = cmsgpack.unpack(raw)
+      -- Still this lease: not reaped, acked or deleted since (it cannot have
+      -- been acked by the stream, which never saw it).
+      if rec[R_STATE] == S_LEASED and rec[R_TOKEN] == nonce then
+        table.insert(out, id)
+        table.insert(out, nonce)
+        table.insert(out, raw)
+      end
+    end
+  end
+  return out
+end
 local now = now_ms(ARGV[2])
 local out = {now}
+local kept = {now}
 local ids = redis.call('RPOP', k_ready, count)
+-- Nothing leased: a re-run is a fresh claim, harmless, so nothing is kept.
 if not ids then return out end
 for i, id in ipairs(ids) do
   local rec = load(prefix, id)
@@ -38,7 +64,10 @@ for i, id in ipairs(ids) do
       table.insert(out, id)
       table.insert(out, nonce)
       table.insert(out, packed)
+      table.insert(kept, id)
+      table.insert(kept, nonce)
     end
   end
 end
+if #kept > 1 then replay_put(kept) end
 return out

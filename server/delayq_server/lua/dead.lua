@@ -34,4 +34,4 @@ end
 if action == 'redrive' and done > 0 and was_empty then
   redis.call('PUBLISH', channel, prefix .. ' ready')
 end
-return done
+return done, done > 0

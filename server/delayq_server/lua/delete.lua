@@ -7,4 +7,4 @@
 -- @include record
 local state, nonce = remove_job(ARGV[1], KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6],
   KEYS[7], tonumber(ARGV[2]), ARGV[3])
-return {state, nonce}
+return {state, nonce}, state ~= 0

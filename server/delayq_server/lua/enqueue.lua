@@ -89,4 +89,4 @@ if pushed > 0 and was_empty then redis.call('PUBLISH', channel, prefix .. ' read
 if earliest and (head_due == nil or earliest < head_due) then
   redis.call('PUBLISH', channel, prefix .. ' due ' .. string.format('%d', earliest))
 end
-return out
+return out, stored > 0

@@ -3,7 +3,8 @@
 -- KEYS[5] done ZSET, KEYS[6] exp ZSET, KEYS[7] stats HASH
 -- ARGV[1] prefix, ARGV[2] now ms ('' = Redis TIME), ARGV[3] bucket width ms,
 -- ARGV[4] limit (<= 500), ARGV[5] completed retention ms
--- Returns: {expired, completed tombstones trimmed, next ms this needs running (-1: nothing pending)}
+-- Returns: {expired, completed tombstones trimmed, next ms this needs running (-1: nothing pending),
+-- now}; at most `limit` of each per call (next ms = now when more are pending)
 -- Also trims the completed-jobs index past the retention window (their records
 -- already expired by PX). claim.lua checks TTL too, so this sweep only frees memory.
 local k_done, k_exp, k_stats = KEYS[5], KEYS[6], KEYS[7]
@@ -19,7 +20,10 @@ for _, id in ipairs(ids) do
   redis.call('ZREM', k_exp, id)
 end
 if expired > 0 then redis.call('HINCRBY', k_stats, 'expired', expired) end
-local trimmed = redis.call('ZREMRANGEBYSCORE', k_done, '-inf', now - retention)
+-- Bounded like the expiry above: at most `limit` tombstones per call.
+local old = redis.call('ZRANGE', k_done, '-inf', now - retention, 'BYSCORE', 'LIMIT', 0, limit)
+local trimmed = #old
+if trimmed > 0 then redis.call('ZREM', k_done, unpack(old)) end
 local next_ms = -1
 local e = redis.call('ZRANGE', k_exp, 0, 0, 'WITHSCORES')
 if e[2] then next_ms = tonumber(e[2]) end
@@ -28,5 +32,5 @@ if d[2] then
   local t = tonumber(d[2]) + retention
   if next_ms < 0 or t < next_ms then next_ms = t end
 end
-if #ids >= limit then next_ms = now end
+if #ids >= limit or trimmed >= limit then next_ms = now end
 return {expired, trimmed, next_ms, now}

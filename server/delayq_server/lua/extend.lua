@@ -8,7 +8,7 @@ local prefix, id, nonce, ext = ARGV[1], ARGV[3], ARGV[4], tonumber(ARGV[5])
 -- @include record
 local now = now_ms(ARGV[2])
 local rec = load(prefix, id)
-if not rec then return {-1, 0} end
-if rec[R_STATE] ~= S_LEASED or rec[R_TOKEN] ~= nonce then return {-2, 0} end
+if not rec then return {-1, 0}, false end
+if rec[R_STATE] ~= S_LEASED or rec[R_TOKEN] ~= nonce then return {-2, 0}, false end
 redis.call('ZADD', k_leased, 'XX', now + ext, id)
 return {1, now + ext}

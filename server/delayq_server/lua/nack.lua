@@ -14,8 +14,8 @@ local delay, force_dead, reason, channel = tonumber(ARGV[6]), ARGV[7] == '1', AR
 -- @include record
 local now = now_ms(ARGV[2])
 local rec = load(prefix, id)
-if not rec then return {-1, 0, 0} end
-if rec[R_STATE] ~= S_LEASED or rec[R_TOKEN] ~= nonce then return {-2, rec[R_STATE], 0} end
+if not rec then return {-1, 0, 0}, false end
+if rec[R_STATE] ~= S_LEASED or rec[R_TOKEN] ~= nonce then return {-2, rec[R_STATE], 0}, false end
 redis.call('ZREM', k_leased, id)
 if force_dead or rec[R_ATTEMPTS] >= rec[R_MAX] then
   if reason == '' then reason = 'attempts exhausted' end

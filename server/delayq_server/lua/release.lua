@@ -18,7 +18,7 @@ local k_ready, k_leased, k_dead, k_stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local prefix, channel, n = ARGV[1], ARGV[3], tonumber(ARGV[4])
 -- @include record
 local now = now_ms(ARGV[2])
-local out, released = {}, 0
+local out, released, changed = {}, 0, false
 local was_empty = redis.call('LLEN', k_ready) == 0
 for i = 0, n - 1 do
   local id, nonce, counted = ARGV[5 + i * 3], ARGV[6 + i * 3], ARGV[7 + i * 3] == '1'
@@ -29,6 +29,7 @@ for i = 0, n - 1 do
     out[i + 1] = 2
   else
     redis.call('ZREM', k_leased, id)
+    changed = true
     if not counted and rec[R_ATTEMPTS] > 0 then rec[R_ATTEMPTS] = rec[R_ATTEMPTS] - 1 end
     if counted and rec[R_ATTEMPTS] >= rec[R_MAX] then
       to_dead(prefix, k_dead, k_stats, id, rec, now, 'consumer went away on the final attempt')
@@ -44,4 +45,4 @@ for i = 0, n - 1 do
   end
 end
 if released > 0 and was_empty then redis.call('PUBLISH', channel, prefix .. ' ready') end
-return out
+return out, changed  -- no lease matched: nothing to replay (replay.lua)

@@ -22,13 +22,54 @@ NAMES = (
     "release",
 )
 
+# How long a script's reply is kept for a re-sent call (includes/replay.lua).
+# It must outlast the Redis client's retry schedule (app.py: at most
+# REDIS_RETRIES x (backoff cap + connect timeout), about 9 s), with margin;
+# every call's entry costs ~100-200 bytes for this long (docs/decisions.md).
+REPLAY_TTL_MS = 30_000
+
+# Scripts that handle replays themselves (claim stores ids and nonces only, not
+# the records it delivers). Every other replayed script is wrapped by _GUARD.
+SELF_GUARDED = frozenset({"claim"})
+# Not replayed: a re-run is harmless and their replies are only counts and next
+# times the calling loop reads again (promote and expire are conditional on
+# Redis' clock). They run often on every replica, so they write no entries.
+NOT_REPLAYED = frozenset({"promote", "expire"})
+REPLAYED = frozenset(NAMES) - NOT_REPLAYED
+assert SELF_GUARDED <= REPLAYED  # their request key is the last KEY
+
+# A body may return a second value, false, when it changed nothing (a refusal,
+# an empty sweep): a re-run is then harmless and nothing is stored, so refused
+# requests leave Redis untouched.
+_GUARD = """-- @include replay
+local replay_prev = replay_get()
+if replay_prev then return replay_prev end
+local function replay_body()
+{body}
+end
+local replay_out, replay_changed = replay_body()
+if replay_changed ~= false then replay_put(replay_out) end
+return replay_out
+"""
+
 
 def _read(relative: str) -> str:
     return resources.files("delayq_server").joinpath("lua", relative).read_text("utf-8")
 
 
+def _expand(text: str) -> str:
+    text = _INCLUDE.sub(lambda m: _read(f"includes/{m.group(1)}.lua"), text)
+    return text.replace("@REPLAY_TTL_MS@", str(REPLAY_TTL_MS))
+
+
 @cache
 def source(name: str) -> str:
-    """The script's text with its includes inlined (Redis has no module system)."""
+    """The script's text with its includes inlined (Redis has no module system).
+
+    Scripts in REPLAYED are made safe to re-send: their last KEY is the call's
+    request key (includes/replay.lua).
+    """
     text = _read(f"{name}.lua")
-    return _INCLUDE.sub(lambda m: _read(f"includes/{m.group(1)}.lua"), text)
+    if name in REPLAYED and name not in SELF_GUARDED:
+        text = _GUARD.format(body=text)
+    return _expand(text)

@@ -7,6 +7,8 @@ deterministically.
 
 from __future__ import annotations
 
+import itertools
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -167,9 +169,30 @@ class Store:
             name: client.register_script(scripts.source(name)) for name in scripts.NAMES
         }
         self._shards: dict[tuple[str, str], int] = {}
+        self._widths: dict[tuple[str, str], int] = {}
+        # Request ids: unique per call across replicas and restarts.
+        self._rq_prefix = os.urandom(6).hex() + "."
+        self._rq_seq = itertools.count(1)
+
+    async def load_scripts(self) -> None:
+        """Loads every script now, so the first call of each needs no retry."""
+        for script in self._scripts.values():
+            script.sha = await self.redis.script_load(script.script)
 
     async def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        return await self._scripts[name](keys=list(keys), args=list(args))
+        """Runs one script, with a fresh request key appended to its KEYS.
+
+        The client re-sends a command when its connection drops (app.py), so
+        each call of a state-changing script carries a request id: a re-sent
+        call returns the first run's reply (lua/includes/replay.lua). Every
+        script's ARGV[1] is its shard's key prefix, where the request key lives.
+        """
+        if name not in scripts.REPLAYED:
+            return await self._scripts[name](keys=list(keys), args=list(args))
+        prefix = args[0]
+        assert isinstance(prefix, str) and prefix.startswith("dq:{"), prefix
+        request = f"{prefix}rq:{self._rq_prefix}{next(self._rq_seq)}"
+        return await self._scripts[name](keys=[*keys, request], args=list(args))
 
     # -- queues -----------------------------------------------------------------
 
@@ -177,6 +200,9 @@ class Store:
         """Shard count of a queue, fixed when the queue is first used.
 
         Returns 0 for a queue that does not exist when ``create`` is false.
+        The bucket width is fixed at creation too, stored beside the shard
+        count: buckets are named by due // width, so a queue must keep the
+        width its backlog was written with, whatever the flag says later.
         """
         cached = self._shards.get((namespace, queue))
         if cached:
@@ -185,16 +211,30 @@ class Store:
         if create:
             async with self.redis.pipeline(transaction=False) as pipe:
                 pipe.hsetnx(meta, "shards", self.default_shards)
-                pipe.hget(meta, "shards")
+                pipe.hsetnx(meta, "bucket_width", self.bucket_width_ms)
+                pipe.hmget(meta, ["shards", "bucket_width"])
                 pipe.sadd(QUEUES_KEY, f"{namespace}/{queue}")
-                _, raw, _ = await pipe.execute()
+                _, _, (raw, width), _ = await pipe.execute()
         else:
-            raw = await self.redis.hget(meta, "shards")
+            raw, width = await self.redis.hmget(meta, ["shards", "bucket_width"])
             if raw is None:
                 return 0
+            if width is None:
+                # A queue created before widths were stored: pin the current one.
+                await self.redis.hsetnx(meta, "bucket_width", self.bucket_width_ms)
+                width = await self.redis.hget(meta, "bucket_width")
         count = int(raw)
+        self._widths[(namespace, queue)] = int(width)
         self._shards[(namespace, queue)] = count
         return count
+
+    async def _width(self, keys: ShardKeys) -> int:
+        """The queue's own bucket width (see shard_count)."""
+        width = self._widths.get((keys.namespace, keys.queue))
+        if width is None:
+            await self.shard_count(keys.namespace, keys.queue, create=False)
+            width = self._widths.get((keys.namespace, keys.queue), self.bucket_width_ms)
+        return width
 
     async def known_queues(self) -> list[tuple[str, str]]:
         """Every queue any replica has created, as (namespace, queue)."""
@@ -240,7 +280,7 @@ class Store:
         args: list[Any] = [
             keys.prefix,
             _now_arg(now_ms),
-            self.bucket_width_ms,
+            await self._width(keys),
             self.idempotency_window_ms,
             EVENTS_CHANNEL,
             len(jobs),
@@ -261,7 +301,7 @@ class Store:
         moved, next_due, now = await self._run(
             "promote",
             [keys.index, keys.ready, keys.stats],
-            [keys.prefix, _now_arg(now_ms), limit, self.bucket_width_ms, EVENTS_CHANNEL],
+            [keys.prefix, _now_arg(now_ms), limit, await self._width(keys), EVENTS_CHANNEL],
         )
         return PromoteResult(int(moved), None if next_due < 0 else int(next_due), int(now))
 
@@ -313,7 +353,7 @@ class Store:
             [
                 keys.prefix,
                 _now_arg(now_ms),
-                self.bucket_width_ms,
+                await self._width(keys),
                 lease.job_id,
                 lease.nonce,
                 -1 if delay_ms is None else delay_ms,
@@ -344,7 +384,7 @@ class Store:
         out = await self._run(
             "reap",
             [keys.index, keys.ready, keys.leased, keys.dead, keys.stats],
-            [keys.prefix, _now_arg(now_ms), limit, self.bucket_width_ms, EVENTS_CHANNEL],
+            [keys.prefix, _now_arg(now_ms), limit, await self._width(keys), EVENTS_CHANNEL],
         )
         count, next_deadline, now = int(out[0]), int(out[1]), int(out[2])
         reaped = [LeaseRef(_s(out[i]), _s(out[i + 1])) for i in range(3, len(out), 2)]
@@ -402,7 +442,7 @@ class Store:
     async def delete(self, keys: ShardKeys, job_id: str) -> tuple[JobState, str]:
         """Removes a job in any state; returns the state it was in and its lease nonce."""
         state, nonce = await self._run(
-            "delete", self._all_keys(keys), [keys.prefix, self.bucket_width_ms, job_id]
+            "delete", self._all_keys(keys), [keys.prefix, await self._width(keys), job_id]
         )
         if int(state) == 0:
             raise UnknownJob(job_id)
@@ -418,7 +458,7 @@ class Store:
             [
                 keys.prefix,
                 _now_arg(now_ms),
-                self.bucket_width_ms,
+                await self._width(keys),
                 limit,
                 self.completed_retention_ms,
             ],
@@ -464,6 +504,15 @@ class Store:
                 rec is not None and rec.state == JobState.LEASED and rec.nonce == lease.nonce
             )
         return out
+
+    async def has_work(self, shards: Sequence[ShardKeys]) -> list[bool]:
+        """Whether each shard has backlog or leases (its promoter or reaper is needed)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for keys in shards:
+                pipe.zcard(keys.index)
+                pipe.zcard(keys.leased)
+            counts = await pipe.execute()
+        return [bool(counts[i] or counts[i + 1]) for i in range(0, len(counts), 2)]
 
     async def shard_stats(self, keys: ShardKeys) -> ShardStats:
         async with self.redis.pipeline(transaction=False) as pipe:

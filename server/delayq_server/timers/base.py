@@ -24,6 +24,8 @@ class Loop:
 
     def __init__(self) -> None:
         self.wake = asyncio.Event()
+        self.fallback_s = FALLBACK_S
+        self.idle = False  # the last tick found nothing pending (see manager.py)
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -50,6 +52,6 @@ class Loop:
                 delay = ERROR_BACKOFF_S
             if delay is not None and delay <= 0:
                 continue
-            timeout = FALLBACK_S if delay is None else min(delay, FALLBACK_S)
+            timeout = self.fallback_s if delay is None else min(delay, self.fallback_s)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), timeout)

@@ -4,18 +4,26 @@ It sweeps a shard only when the shard's next expiry or trim falls due (each
 sweep reports the next one), and every shard at least every RESWEEP_S for
 jobs that other replicas added. claim.lua refuses to deliver an expired job,
 so this loop only frees memory and keeps counts honest.
+
+A shard whose sweep fails is skipped with its own growing back-off while the
+rest of the sweep goes on, and each sweep starts one shard further along, so
+no shard is always first.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
 from delayq_server.store import ShardKeys, Store
 from delayq_server.timers.base import Loop
 
+log = logging.getLogger(__name__)
+
 INTERVAL_S = 0.25  # granularity of sweeps that are due
 RESWEEP_S = 30.0
+FAIL_BACKOFF_S = 0.5  # first retry of a failing shard; doubles up to RESWEEP_S
 
 
 class Janitor(Loop):
@@ -27,6 +35,8 @@ class Janitor(Loop):
         super().__init__()
         self._store, self._shards = store, shards
         self._due: dict[ShardKeys, float] = {}  # shard -> monotonic time of next sweep
+        self._failures: dict[ShardKeys, int] = {}  # shard -> consecutive failed sweeps
+        self._start = 0  # rotates the first shard of each sweep
 
     def expect(self, keys: ShardKeys, in_ms: int) -> None:
         """A job with a TTL was added here: sweep no later than its expiry."""
@@ -36,10 +46,23 @@ class Janitor(Loop):
 
     async def tick(self) -> float | None:
         now = time.monotonic()
-        for keys in self._shards():
+        shards = self._shards()
+        if shards:
+            self._start = (self._start + 1) % len(shards)
+            shards = shards[self._start :] + shards[: self._start]
+        for keys in shards:
             if self._due.get(keys, 0.0) > now:
                 continue
-            res = await self._store.expire(keys)
+            try:
+                res = await self._store.expire(keys)
+            except Exception as exc:
+                failures = self._failures.get(keys, 0) + 1
+                self._failures[keys] = failures
+                wait = min(RESWEEP_S, FAIL_BACKOFF_S * 2 ** (failures - 1))
+                self._due[keys] = now + wait
+                log.warning("janitor: shard %s failed (%s); retry in %.1fs", keys.tag, exc, wait)
+                continue
+            self._failures.pop(keys, None)
             wait = RESWEEP_S
             if res.next_ms is not None:
                 wait = min(wait, max(0.0, (res.next_ms - res.now_ms) / 1000))

@@ -1,14 +1,24 @@
-"""Keeps one promoter and one reaper per known shard, plus the janitor."""
+"""Keeps one promoter and one reaper per active shard, plus the janitor.
+
+Loops of a queue with nothing scheduled, nothing leased and no Enqueue or
+Consume here for IDLE_STOP_S stop (thousands of idle queues cost no tasks).
+They start again on local activity, on a "due" event for the shard (another
+replica scheduled a job), on a lease taken here, and, for events lost in a
+pub/sub gap, when the periodic refresh finds backlog or leases in a stopped
+shard (one pipelined read for all of them).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 
 from delayq_server import events
 from delayq_server.store import LeaseRef, ShardKeys, Store
+from delayq_server.timers.base import FALLBACK_S
 from delayq_server.timers.janitor import Janitor
 from delayq_server.timers.promoter import Promoter
 from delayq_server.timers.reaper import Reaper
@@ -16,57 +26,136 @@ from delayq_server.timers.reaper import Reaper
 log = logging.getLogger(__name__)
 
 REFRESH_S = 5.0  # how often queues created through other replicas are picked up
+IDLE_STOP_S = 300.0  # an idle queue's loops stop after this long
 
 
 class Timers:
     """Correctness never depends on these being the only ones: scripts are
-    conditional, so every replica runs them for every shard."""
+    conditional, so every replica runs them for every active shard."""
 
     def __init__(
         self,
         store: Store,
         hub: events.EventHub,
         on_reaped: Callable[[ShardKeys, list[LeaseRef]], None],
+        fallback_s: float = FALLBACK_S,
+        *,
+        idle_stop_s: float = IDLE_STOP_S,
+        refresh_s: float = REFRESH_S,
     ) -> None:
         self._store, self._hub, self._on_reaped = store, hub, on_reaped
+        self._fallback_s = fallback_s
+        self._idle_stop_s, self._refresh_s = idle_stop_s, refresh_s
         self._loops: dict[ShardKeys, tuple[Promoter, Reaper]] = {}
-        self._queues: set[tuple[str, str]] = set()
-        self._janitor = Janitor(store, lambda: list(self._loops))
+        self._queues: dict[tuple[str, str], int] = {}  # every known queue -> shard count
+        self._active: dict[tuple[str, str], float] = {}  # queue -> monotonic last activity
+        self._janitor = Janitor(store, self.known_shards)
         self._refresher: asyncio.Task[None] | None = None
+        hub.on_unheard = self._unheard
+
+    def known_shards(self) -> list[ShardKeys]:
+        return [
+            ShardKeys(ns, q, shard)
+            for (ns, q), count in self._queues.items()
+            for shard in range(count)
+        ]
+
+    def running(self, keys: ShardKeys) -> bool:
+        return keys in self._loops
 
     def ensure(self, namespace: str, queue: str, shards: int) -> None:
-        if (namespace, queue) in self._queues:
-            return  # called on every enqueue: keep the common case a set lookup
-        self._queues.add((namespace, queue))
+        """Enqueue or Consume touched the queue: its loops run (again)."""
+        name = (namespace, queue)
+        self._active[name] = time.monotonic()  # the hot path: a dict store and a lookup
+        if name in self._queues and ShardKeys(namespace, queue, 0) in self._loops:
+            return
+        self._queues[name] = shards
+        self._start_queue(namespace, queue, shards)
+
+    def _start_queue(self, namespace: str, queue: str, shards: int) -> None:
         for shard in range(shards):
-            keys = ShardKeys(namespace, queue, shard)
-            if keys not in self._loops:
-                promoter = Promoter(self._store, self._hub, keys)
-                reaper = Reaper(self._store, keys, self._on_reaped)
-                promoter.start()
-                reaper.start()
-                self._loops[keys] = (promoter, reaper)
+            self._start(ShardKeys(namespace, queue, shard))
+
+    def _start(self, keys: ShardKeys) -> None:
+        if keys in self._loops:
+            return
+        promoter = Promoter(self._store, self._hub, keys)
+        reaper = Reaper(self._store, keys, self._on_reaped)
+        promoter.fallback_s = reaper.fallback_s = self._fallback_s
+        promoter.start()
+        reaper.start()
+        self._loops[keys] = (promoter, reaper)
+        self._active.setdefault((keys.namespace, keys.queue), time.monotonic())
+
+    def _unheard(self, kind: str, tag: str) -> None:
+        """A wake-up no loop here listens to: a "due" for a stopped shard restarts it."""
+        if kind != events.DUE:
+            return
+        ns, _, rest = tag.partition("/")
+        queue, _, shard = rest.rpartition("/")
+        count = self._queues.get((ns, queue))
+        if count is not None and shard.isdigit() and int(shard) < count:
+            self._active[(ns, queue)] = time.monotonic()
+            self._start_queue(ns, queue, count)
 
     def lease_taken(self, keys: ShardKeys, deadline_ms: int) -> None:
         """A stream on this replica leased jobs of ``keys`` until ``deadline_ms``."""
         loops = self._loops.get(keys)
-        if loops is not None:
-            loops[1].lease_taken(deadline_ms)
+        if loops is None:
+            count = self._queues.get((keys.namespace, keys.queue))
+            if count is None:
+                return
+            self._active[(keys.namespace, keys.queue)] = time.monotonic()
+            self._start_queue(keys.namespace, keys.queue, count)
+            loops = self._loops.get(keys)
+            if loops is None:
+                return
+        loops[1].lease_taken(deadline_ms)
 
     def expect_expiry(self, keys: ShardKeys, in_ms: int) -> None:
         self._janitor.expect(keys, in_ms)
 
     def wake_all(self) -> None:
-        """After a pub/sub gap (reconnect) wake-ups may have been lost: re-check everything."""
+        """After a pub/sub gap (reconnect) wake-ups may have been lost: re-check everything.
+
+        Stopped shards are re-checked by the next refresh (within REFRESH_S).
+        """
         for promoter, reaper in self._loops.values():
             promoter.wake.set()
             reaper.wake.set()
 
     async def refresh(self) -> None:
+        """Picks up new queues, stops idle loops, restarts stopped shards with work."""
         for ns, queue in await self._store.known_queues():
+            if (ns, queue) in self._queues:
+                continue
             shards = await self._store.shard_count(ns, queue, create=False)
             if shards:
-                self.ensure(ns, queue, shards)
+                self._queues[(ns, queue)] = shards
+                self._start_queue(ns, queue, shards)
+        await self._stop_idle()
+        stopped = [k for k in self.known_shards() if k not in self._loops]
+        if stopped:
+            for keys, busy in zip(stopped, await self._store.has_work(stopped), strict=True):
+                if busy:
+                    name = (keys.namespace, keys.queue)
+                    self._active[name] = time.monotonic()
+                    self._start_queue(*name, self._queues[name])
+
+    async def _stop_idle(self) -> None:
+        now = time.monotonic()
+        for (ns, queue), count in list(self._queues.items()):
+            if now - self._active.get((ns, queue), now) < self._idle_stop_s:
+                continue
+            shards = [ShardKeys(ns, queue, s) for s in range(count)]
+            loops = [self._loops[k] for k in shards if k in self._loops]
+            if not loops or not all(p.idle and r.idle for p, r in loops):
+                continue
+            for keys in shards:
+                pair = self._loops.pop(keys, None)
+                if pair is not None:
+                    await asyncio.gather(pair[0].stop(), pair[1].stop())
+            log.debug("stopped the idle loops of %s/%s", ns, queue)
 
     async def start(self) -> None:
         await self.refresh()
@@ -75,7 +164,7 @@ class Timers:
 
     async def _refresh_forever(self) -> None:
         while True:
-            await asyncio.sleep(REFRESH_S)
+            await asyncio.sleep(self._refresh_s)
             try:
                 await self.refresh()
             except Exception as exc:

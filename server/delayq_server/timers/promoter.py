@@ -19,6 +19,7 @@ class Promoter(Loop):
 
     async def tick(self) -> float | None:
         res = await self._store.promote(self._keys, PROMOTE_LIMIT)
+        self.idle = res.next_due_ms is None
         # promote.lua publishes the "ready" wake-up for every replica, this one too.
         if res.moved >= PROMOTE_LIMIT:
             return 0  # more are due: go again at once (each call is bounded)

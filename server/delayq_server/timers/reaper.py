@@ -37,6 +37,7 @@ class Reaper(Loop):
         if res.reaped:
             self._on_reaped(self._keys, res.reaped)
         self._wake_at_ms = res.next_deadline_ms
+        self.idle = res.next_deadline_ms is None and not res.more
         if res.more:
             return 0
         if res.next_deadline_ms is None:

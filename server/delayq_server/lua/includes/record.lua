@@ -97,6 +97,11 @@ local function to_retry(prefix, index, ready, stats, width, id, rec, now, delay,
 end
 
 -- Removes a job from whichever structure holds it, then its record.
+-- A ready id is searched from the tail (LREM -1): ids enter at the head
+-- (LPUSH) and leave from the tail (RPOP; released ones are RPUSHed back there),
+-- so the jobs that expire or are deleted while ready, the ones waiting
+-- longest, sit near the tail. LREM 1 would walk the whole list past every
+-- newer job first.
 -- Returns the state it was in (0 when unknown) and its lease nonce, so the
 -- stream that held a deleted lease can get its credit back.
 local function remove_job(prefix, k_index, k_ready, k_leased, k_dead, k_done, k_exp, k_stats, width, id)
@@ -108,11 +113,11 @@ local function remove_job(prefix, k_index, k_ready, k_leased, k_dead, k_done, k_
       redis.call('HINCRBY', k_stats, 'backlog', -1)
     else
       -- Promoted to the ready list without a record update (promote.lua).
-      redis.call('LREM', k_ready, 1, id)
+      redis.call('LREM', k_ready, -1, id)
       st = S_READY
     end
   elseif st == S_READY then
-    redis.call('LREM', k_ready, 1, id)
+    redis.call('LREM', k_ready, -1, id)
   elseif st == S_LEASED then
     redis.call('ZREM', k_leased, id)
   elseif st == S_DEAD then

@@ -1,0 +1,126 @@
+"""Lost replies: a script whose reply is lost and which the client re-sends runs once."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import AsyncIterator
+from typing import cast
+
+import pytest
+import redis.asyncio as aioredis
+
+from delayq_server.app import redis_client
+from delayq_server.store import AckOutcome, JobState, LeaseRef, Store, UnknownJob, scripts
+from tests.support.proxy import LossyProxy
+from tests.support.seed import KEYS, T0, Shard, spec
+from tests.support.servers import ManagedRedis
+
+
+@pytest.fixture
+async def lossy(redis_url: str, redis_server: ManagedRedis) -> AsyncIterator[LossyProxy]:
+    proxy = await LossyProxy("127.0.0.1", redis_server.port).start()
+    yield proxy
+    await proxy.stop()
+
+
+@pytest.fixture
+async def lossy_store(lossy: LossyProxy) -> AsyncIterator[Store]:
+    """A store whose client (the server's, retries included) talks through the proxy."""
+    client = redis_client(lossy.url)
+    store = Store(client, bucket_width_ms=1000, completed_retention_ms=0)
+    await store.load_scripts()  # a NOSCRIPT reply must not be the one dropped
+    yield store
+    await client.aclose()
+
+
+def sha(store: Store, name: str) -> bytes:
+    """What the proxy matches on: EVALSHA's argument."""
+    del store
+    return hashlib.sha1(scripts.source(name).encode()).hexdigest().encode()
+
+
+async def test_resent_claim_returns_the_same_leases(
+    lossy: LossyProxy, lossy_store: Store, aredis: aioredis.Redis
+) -> None:
+    shard = Shard(lossy_store)
+    ids = {await shard.ready() for _ in range(3)}
+    lossy.drop_reply_to(sha(lossy_store, "claim"))
+    claimed = await lossy_store.claim(KEYS, 10, 30_000, "s.1.0.", T0)
+    assert lossy.dropped.is_set()  # the first run's reply was really lost
+    assert {c.job_id for c in claimed} == ids
+    # Nothing hidden: every leased job is one the stream got, with one attempt.
+    leased = {cast(bytes, x).decode() for x in await aredis.zrange(KEYS.leased, 0, -1)}
+    assert leased == ids
+    for c in claimed:
+        assert c.record.attempts == 1
+        rec, _ = await lossy_store.get(KEYS, c.job_id)
+        assert rec.state == JobState.LEASED and rec.nonce == c.nonce and rec.attempts == 1
+    assert await aredis.llen(KEYS.ready) == 0
+
+
+async def test_resent_enqueue_stores_no_duplicate(
+    lossy: LossyProxy, lossy_store: Store, aredis: aioredis.Redis
+) -> None:
+    lossy.drop_reply_to(sha(lossy_store, "enqueue"))
+    job = spec(delay_ms=0)
+    (result,), _ = await lossy_store.enqueue(KEYS, [job], T0)
+    assert lossy.dropped.is_set()
+    assert result.job_id == job.job_id and not result.duplicate
+    assert await aredis.lrange(KEYS.ready, 0, -1) == [job.job_id.encode()]
+    assert await aredis.hget(KEYS.stats, "enqueued") == b"1"
+
+
+async def test_resent_ack_answers_acked(lossy: LossyProxy, lossy_store: Store) -> None:
+    shard = Shard(lossy_store)
+    lease = await shard.leased()
+    lossy.drop_reply_to(sha(lossy_store, "ack"))
+    assert await lossy_store.ack(KEYS, [lease], T0) == [AckOutcome.ACKED]
+    assert lossy.dropped.is_set()
+    assert await lossy_store.ack(KEYS, [lease], T0) == [AckOutcome.UNKNOWN]  # a new call
+
+
+async def test_resent_nack_retries_once(lossy: LossyProxy, lossy_store: Store) -> None:
+    shard = Shard(lossy_store)
+    lease = await shard.leased()
+    lossy.drop_reply_to(sha(lossy_store, "nack"))
+    out = await lossy_store.nack(
+        KEYS, lease, delay_ms=5_000, dead_letter=False, reason="x", now_ms=T0
+    )
+    assert lossy.dropped.is_set()
+    assert out.state == JobState.SCHEDULED and out.due_ms == T0 + 5_000
+    counters = (await lossy_store.shard_stats(KEYS)).counters
+    assert counters["retried"] == 1
+
+
+async def test_replay_entries_expire(store: Store, aredis: aioredis.Redis) -> None:
+    shard = Shard(store)
+    await shard.ready()
+    keys = await aredis.keys(KEYS.prefix + "rq:*")
+    assert len(keys) == 1
+    ttl = await aredis.pttl(keys[0])
+    assert 0 < ttl <= 30_000
+
+
+async def test_a_stale_lease_ref_is_not_replayed(store: Store) -> None:
+    """Two separate calls with the same arguments are two calls (fresh request ids)."""
+    shard = Shard(store)
+    lease = await shard.leased()
+    assert await store.ack(KEYS, [lease], T0) == [AckOutcome.ACKED]
+    assert await store.ack(KEYS, [LeaseRef(lease.job_id, lease.nonce)], T0) == [AckOutcome.UNKNOWN]
+
+
+async def test_calls_that_change_nothing_store_no_replay_entry(
+    store: Store, aredis: aioredis.Redis
+) -> None:
+    """Refusals and empty sweeps leave Redis untouched (a re-run of them is harmless)."""
+    ghost = LeaseRef("no-such-job", "n.1")
+    with pytest.raises(UnknownJob):
+        await store.nack(KEYS, ghost, delay_ms=None, dead_letter=False, reason="", now_ms=T0)
+    with pytest.raises(UnknownJob):
+        await store.extend(KEYS, ghost, 5_000, T0)
+    assert await store.ack(KEYS, [ghost], T0) == [AckOutcome.UNKNOWN]
+    assert await store.claim(KEYS, 10, 30_000, "s.1.0.", T0) == []
+    await store.reap(KEYS, now_ms=T0)
+    await store.promote(KEYS, now_ms=T0)
+    await store.expire(KEYS, now_ms=T0)
+    assert await aredis.dbsize() == 0
