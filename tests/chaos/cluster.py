@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -47,6 +48,22 @@ def ts_ms(t: timestamp_pb2.Timestamp) -> int:
 
 def dur(ms: int) -> duration_pb2.Duration:
     return duration_pb2.Duration(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
+
+
+SHIM_SOURCE = ROOT / "tests" / "durability" / "unsynced_writes.c"
+
+
+def build_crash_shim(directory: Path) -> Path:
+    """The LD_PRELOAD shim that makes kill -9 of Redis lose what a power cut would
+    (unsynced AOF writes; tests/durability/unsynced_writes.c), built with gcc."""
+    cc = shutil.which("gcc") or shutil.which("cc")
+    assert cc, "the chaos suite needs a C compiler for the crash shim (apt-get install gcc)"
+    out = directory / "unsynced_writes.so"
+    subprocess.run(
+        [cc, "-shared", "-fPIC", "-O1", "-o", str(out), str(SHIM_SOURCE), "-ldl", "-lpthread"],
+        check=True,
+    )
+    return out
 
 
 def wait_for(
@@ -135,12 +152,18 @@ class Cluster:
         hold_ms: int = 50,
         max_delay_ms: int = 1_500,
         max_attempts: int = 25,
+        power_cut: bool = False,
     ) -> None:
         self.workdir = workdir
         self.history_dir = workdir / "history"
         self.history_dir.mkdir(parents=True, exist_ok=True)
         self.seed = seed
-        self.redis = ManagedRedis(workdir / "redis", appendonly=True, appendfsync=appendfsync)
+        # power_cut: kill -9 of Redis also loses its unsynced AOF writes, as a
+        # machine crash would (the page cache otherwise keeps them).
+        env = {**os.environ, "LD_PRELOAD": str(build_crash_shim(workdir))} if power_cut else None
+        self.redis = ManagedRedis(
+            workdir / "redis", appendonly=True, appendfsync=appendfsync, env=env
+        )
         self.n_servers, self.n_workers, self.n_producers = servers, workers, producers
         self.rate = rate
         self.server_args = [list(a) for a in server_args]

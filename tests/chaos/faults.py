@@ -184,11 +184,16 @@ FAULTS = [
     Fault("kill -9 server", kill_server),
     Fault("kill -9 worker", kill_worker),
     Fault("SIGSTOP worker", pause_worker, {"hold_ms": 400}, expect=_stale_refused),
-    Fault("kill -9 redis (always)", kill_redis, known={"attempts": LOST_CLAIM_REPLY}),
+    Fault(
+        "kill -9 redis (always)",
+        kill_redis,
+        {"power_cut": True},
+        known={"attempts": LOST_CLAIM_REPLY},
+    ),
     Fault(
         "kill -9 redis (everysec)",
         kill_redis,
-        {"appendfsync": "everysec"},
+        {"appendfsync": "everysec", "power_cut": True},
         tolerate=("lost", "after_ack", "stale_accepted", "unexplained", "attempts", "unexpected"),
     ),
     Fault("SIGSTOP redis", pause_redis),
