@@ -61,6 +61,7 @@ class Report:
     violations: list[Violation] = field(default_factory=list)
     tolerated: frozenset[str] = frozenset()  # measured, not failed (e.g. everysec loss)
     known: Mapping[str, str] = field(default_factory=dict)  # invariant -> issue reference
+    unmet: list[str] = field(default_factory=list)  # the fault did not happen as planned
 
     def add(self, invariant: str, job: str, detail: str) -> None:
         self.counts[invariant] += 1
@@ -68,17 +69,19 @@ class Report:
 
     @property
     def failed(self) -> list[str]:
-        return [
+        broken = [
             k
             for k in INVARIANTS
             if self.counts[k] and k not in self.tolerated and k not in self.known
         ]
+        return broken + (["fault not as planned"] if self.unmet else [])
 
     def summary(self, limit: int = 10) -> str:
         lines = [format_table([self])]
         for name in INVARIANTS:
             shown = [v for v in self.violations if v.invariant == name][:limit]
             lines += [f"  {v}" for v in shown]
+        lines += [f"  fault not as planned: {text}" for text in self.unmet]
         for name, ref in self.known.items():
             if self.counts[name]:
                 lines.append(f"  known failure {name}: {ref}")

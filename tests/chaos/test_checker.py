@@ -342,3 +342,10 @@ def test_same_attempt_after_a_stale_release_is_not_explained() -> None:
 def test_ack_accepted_after_release() -> None:
     h = H().enqueue("kd", "d").deliver("d", 1, 100).release("d.1", 110).ack("d.1", 120)
     assert check(h.ops).counts["stale_accepted"] == 1
+
+
+def test_a_fault_that_did_not_happen_fails_the_run() -> None:
+    rep = check(clean().ops, name="demo")
+    rep.unmet.append("no late ack reached the server")
+    assert rep.failed == ["fault not as planned"]
+    assert "no late ack" in rep.summary()
