@@ -57,9 +57,9 @@ lint: deps
 	@$(MAKE) --no-print-directory $(LINT_TARGETS)
 
 lint-py: deps
-	$(PY) -m ruff check server clients/python tests bench scripts
-	$(PY) -m ruff format --check server clients/python tests bench scripts
-	$(PY) -m mypy server/delayq_server clients/python/delayq tests
+	$(PY) -m ruff check server clients/python pipeline tests bench scripts
+	$(PY) -m ruff format --check server clients/python pipeline tests bench scripts
+	$(PY) -m mypy server/delayq_server clients/python/delayq pipeline/delayq_pipeline tests
 	$(PY) -m mypy --explicit-package-bases bench scripts
 
 proto: proto-py

@@ -134,6 +134,7 @@ class App:
             idempotency_window_ms=cfg.idempotency_window_ms,
             completed_retention_ms=cfg.completed_retention_ms,
             default_shards=cfg.shards_per_queue,
+            events_maxlen=cfg.events_maxlen if cfg.record_events else 0,
         )
         self.hub = events.EventHub()
         self.dispatcher = Dispatcher(

@@ -37,6 +37,8 @@ class Config:
     log_level: str = "INFO"
     clock_skew_ms: int = 0  # test only: shifts the local wall clock (docs/chaos.md)
     otel: bool = False  # export traces/metrics over OTLP (OTEL_EXPORTER_OTLP_* env)
+    record_events: bool = False  # lifecycle events to per-shard streams (store/lifecycle.py)
+    events_maxlen: int = 1_000_000  # per shard stream, approximate (MAXLEN ~)
 
 
 # flag name -> (env var, parser, help)
@@ -63,6 +65,7 @@ _FLAGS: dict[str, tuple[str, Callable[[str], object] | None, str]] = {
     "grace_ms": ("DELAYQ_GRACE", None, "shutdown grace period"),
     "wake_fallback_ms": ("DELAYQ_WAKE_FALLBACK", None, "longest idle wait without a wake-up"),
     "log_level": ("DELAYQ_LOG_LEVEL", str, "logging level"),
+    "events_maxlen": ("DELAYQ_EVENTS_MAXLEN", int, "entries kept per shard's events stream"),
     "clock_skew_ms": (
         "DELAYQ_CLOCK_SKEW",
         parse_signed_ms,
@@ -118,6 +121,7 @@ _RANGES: dict[str, tuple[float, float, str]] = {
     "bucket_width_ms": (1, 3_600_000, "1ms to 1h"),
     "grace_ms": (0, 3_600_000, "0 to 1h"),
     "wake_fallback_ms": (100, _DAY_MS, "100ms to 1d"),
+    "events_maxlen": (1, 1_000_000_000, "1 to 1000000000"),
     "clock_skew_ms": (-_DAY_MS, _DAY_MS, "-1d to 1d"),
 }
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -167,6 +171,12 @@ def load(argv: Sequence[str] | None = None, env: dict[str, str] | None = None) -
     for name, (var, _kind, text) in _FLAGS.items():
         parser.add_argument(flag_of(name), dest=name, default=None, help=f"{text} (env {var})")
     parser.add_argument("--otel", action="store_true", default=None, help="export OTLP telemetry")
+    parser.add_argument(
+        "--record-events",
+        action="store_true",
+        default=None,
+        help="record lifecycle events to per-shard Redis streams (env DELAYQ_RECORD_EVENTS=1)",
+    )
     ns = parser.parse_args(argv)
     values: dict[str, object] = {}
     for name, (var, kind, _text) in _FLAGS.items():
@@ -182,6 +192,8 @@ def load(argv: Sequence[str] | None = None, env: dict[str, str] | None = None) -
                 fail(f"{source}: {exc}")
     if ns.otel or env.get("DELAYQ_OTEL", "") in ("1", "true"):
         values["otel"] = True
+    if ns.record_events or env.get("DELAYQ_RECORD_EVENTS", "") in ("1", "true"):
+        values["record_events"] = True
     cfg = Config(**values)  # type: ignore[arg-type]
     try:
         check(cfg)

@@ -124,3 +124,18 @@ async def test_calls_that_change_nothing_store_no_replay_entry(
     await store.promote(KEYS, now_ms=T0)
     await store.expire(KEYS, now_ms=T0)
     assert await aredis.dbsize() == 0
+
+
+@pytest.mark.parametrize("lost", ["enqueue", "claim", "ack"])
+async def test_a_resent_script_records_its_event_once(
+    lossy: LossyProxy, lossy_store: Store, aredis: aioredis.Redis, lost: str
+) -> None:
+    lossy_store.events_maxlen = 1000
+    shard = Shard(lossy_store)
+    lossy.drop_reply_to(sha(lossy_store, lost))
+    lease = await shard.leased()
+    assert await lossy_store.ack(KEYS, [lease], T0) == [AckOutcome.ACKED]
+    assert lossy.dropped.is_set()
+    entries = cast(list[tuple[bytes, dict[bytes, bytes]]], await aredis.xrange(KEYS.events))
+    kinds = [fields[b"e"] for _, fields in entries]
+    assert kinds == [b"enqueued", b"delivered", b"acked"]

@@ -89,6 +89,13 @@ def test_config_flags_beat_environment() -> None:
     assert cfg.redis_url is None
 
 
+def test_event_recording_is_off_unless_asked_for() -> None:
+    assert config.load([], env={}).record_events is False
+    on = config.load(["--record-events", "--events-maxlen", "500"], env={})
+    assert (on.record_events, on.events_maxlen) == (True, 500)
+    assert config.load([], env={"DELAYQ_RECORD_EVENTS": "1"}).record_events is True
+
+
 def test_config_refuses_nonsense() -> None:
     with pytest.raises(SystemExit):
         config.load(["--default-lease", "soon"], env={})

@@ -5,7 +5,8 @@
 -- KEYS[4] exp     ZSET  job id -> expire ms
 -- KEYS[5] dead    ZSET  job id -> time of death ms
 -- ARGV[1] prefix, ARGV[2] now ms ('' = Redis TIME), ARGV[3] count (<= 500),
--- ARGV[4] lease ms, ARGV[5] nonce prefix (the stream's; a counter is appended)
+-- ARGV[4] lease ms, ARGV[5] nonce prefix (the stream's; a counter is appended),
+-- ARGV[6] events MAXLEN (0 = off; lua/includes/events.lua)
 -- Returns: {now, then per leased job: id, nonce, packed record}
 -- Each lease gets a fresh nonce stored in the record: that is the fence that
 -- makes Ack/Nack/ExtendLease with an older token fail. Jobs past their TTL are
@@ -17,6 +18,7 @@
 local k_ready, k_leased, k_stats, k_exp, k_dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local prefix, count, lease, nonce_prefix = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
 -- @include record
+-- @include events
 -- @include replay
 local prev = replay_get()
 if prev then
@@ -50,8 +52,10 @@ for i, id in ipairs(ids) do
       redis.call('DEL', prefix .. 'j:' .. id)
       redis.call('ZREM', k_exp, id)
       redis.call('HINCRBY', k_stats, 'expired', 1)
+      emit(prefix, 'expired', id, now, rec, 'ttl')
     elseif rec[R_ATTEMPTS] >= rec[R_MAX] then
       to_dead(prefix, k_dead, k_stats, id, rec, now, 'attempts exhausted')
+      emit(prefix, 'dead', id, now, rec, 'attempts exhausted')
     else
       local nonce = nonce_prefix .. i
       rec[R_STATE] = S_LEASED
@@ -61,6 +65,7 @@ for i, id in ipairs(ids) do
       local packed = cmsgpack.pack(rec)
       redis.call('SET', prefix .. 'j:' .. id, packed)
       redis.call('ZADD', k_leased, now + lease, id)
+      emit(prefix, 'delivered', id, now, rec, '')
       table.insert(out, id)
       table.insert(out, nonce)
       table.insert(out, packed)

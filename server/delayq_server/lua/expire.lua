@@ -2,7 +2,8 @@
 -- KEYS[1] index  ZSET, KEYS[2] ready LIST, KEYS[3] leased ZSET, KEYS[4] dead ZSET,
 -- KEYS[5] done ZSET, KEYS[6] exp ZSET, KEYS[7] stats HASH
 -- ARGV[1] prefix, ARGV[2] now ms ('' = Redis TIME), ARGV[3] bucket width ms,
--- ARGV[4] limit (<= 500), ARGV[5] completed retention ms
+-- ARGV[4] limit (<= 500), ARGV[5] completed retention ms,
+-- ARGV[6] events MAXLEN (0 = off; lua/includes/events.lua)
 -- Returns: {expired, completed tombstones trimmed, next ms this needs running (-1: nothing pending),
 -- now}; at most `limit` of each per call (next ms = now when more are pending)
 -- Also trims the completed-jobs index past the retention window (their records
@@ -10,12 +11,15 @@
 local k_done, k_exp, k_stats = KEYS[5], KEYS[6], KEYS[7]
 local prefix, width, limit, retention = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 -- @include record
+-- @include events
 local now = now_ms(ARGV[2])
 local ids = redis.call('ZRANGE', k_exp, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
 local expired = 0
 for _, id in ipairs(ids) do
-  if remove_job(prefix, KEYS[1], KEYS[2], KEYS[3], KEYS[4], k_done, k_exp, k_stats, width, id) > 0 then
+  local st, _, rec = remove_job(prefix, KEYS[1], KEYS[2], KEYS[3], KEYS[4], k_done, k_exp, k_stats, width, id)
+  if st > 0 then
     expired = expired + 1
+    emit(prefix, 'expired', id, now, rec, 'ttl')
   end
   redis.call('ZREM', k_exp, id)
 end

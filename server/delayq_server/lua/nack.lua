@@ -6,12 +6,14 @@
 -- KEYS[5] stats   HASH  counters
 -- ARGV[1] prefix, ARGV[2] now ms ('' = Redis TIME), ARGV[3] bucket width ms,
 -- ARGV[4] job id, ARGV[5] nonce, ARGV[6] delay ms (-1 = the job's retry policy),
--- ARGV[7] dead letter now (0/1), ARGV[8] reason, ARGV[9] events channel
+-- ARGV[7] dead letter now (0/1), ARGV[8] reason, ARGV[9] events channel,
+-- ARGV[10] events MAXLEN (0 = off; lua/includes/events.lua)
 -- Returns: {code, state, due ms}; code 1 ok, -1 unknown job, -2 stale token
 local k_index, k_ready, k_leased, k_dead, k_stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local prefix, width, id, nonce = ARGV[1], tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local delay, force_dead, reason, channel = tonumber(ARGV[6]), ARGV[7] == '1', ARGV[8], ARGV[9]
 -- @include record
+-- @include events
 local now = now_ms(ARGV[2])
 local rec = load(prefix, id)
 if not rec then return {-1, 0, 0}, false end
@@ -20,12 +22,15 @@ redis.call('ZREM', k_leased, id)
 if force_dead or rec[R_ATTEMPTS] >= rec[R_MAX] then
   if reason == '' then reason = 'attempts exhausted' end
   to_dead(prefix, k_dead, k_stats, id, rec, now, reason)
+  emit(prefix, 'dead', id, now, rec, reason)
   return {1, S_DEAD, 0}
 end
 if delay < 0 then delay = backoff_ms(rec, id) end
 local head = redis.call('ZRANGE', k_index, 0, 0, 'WITHSCORES')
 local was_empty = redis.call('LLEN', k_ready) == 0
-if to_retry(prefix, k_index, k_ready, k_stats, width, id, rec, now, delay, reason) == 1 then
+local to_ready = to_retry(prefix, k_index, k_ready, k_stats, width, id, rec, now, delay, reason)
+emit(prefix, 'nacked', id, now, rec, reason)
+if to_ready == 1 then
   if was_empty then redis.call('PUBLISH', channel, prefix .. ' ready') end
   -- The contract answers SCHEDULED (retry at due time) or DEAD; a retry due
   -- now is a schedule whose due time is now, even though it waits in ready.

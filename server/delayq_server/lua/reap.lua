@@ -6,12 +6,14 @@
 -- KEYS[4] dead    ZSET  job id -> time of death ms
 -- KEYS[5] stats   HASH  counters
 -- ARGV[1] prefix, ARGV[2] now ms ('' = Redis TIME), ARGV[3] limit (<= 500),
--- ARGV[4] bucket width ms, ARGV[5] events channel
+-- ARGV[4] bucket width ms, ARGV[5] events channel,
+-- ARGV[6] events MAXLEN (0 = off; lua/includes/events.lua)
 -- Returns: {reaped, next lease deadline ms (-1 none), now, then per reaped job: id, old nonce}
 -- Conditional on the deadline, so any number of replicas may run it.
 local k_index, k_ready, k_leased, k_dead, k_stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local prefix, limit, width, channel = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
 -- @include record
+-- @include events
 local now = now_ms(ARGV[2])
 local ids = redis.call('ZRANGE', k_leased, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
 local out = {0, -1, now}
@@ -25,9 +27,11 @@ for _, id in ipairs(ids) do
     table.insert(out, rec[R_TOKEN])
     if rec[R_ATTEMPTS] >= rec[R_MAX] then
       to_dead(prefix, k_dead, k_stats, id, rec, now, 'lease expired on the final attempt')
+      emit(prefix, 'dead', id, now, rec, 'lease expired on the final attempt')
     else
       pushed = pushed + to_retry(prefix, k_index, k_ready, k_stats, width, id, rec, now,
         backoff_ms(rec, id), 'lease expired')
+      emit(prefix, 'nacked', id, now, rec, 'lease expired')
     end
   end
 end

@@ -7,7 +7,8 @@
 -- ARGV[1] prefix, ARGV[2] now ms ('' = Redis TIME), ARGV[3] events channel,
 -- ARGV[4] n (<= 1000), then n triples: job id, nonce, counted (1 = the delivery may
 -- have run: a closed stream's sent delivery; 0 = never started: claimed but never
--- sent, or given back with Release, so its attempt is not counted)
+-- sent, or given back with Release, so its attempt is not counted),
+-- then events MAXLEN (0 = off; lua/includes/events.lua)
 -- Returns: one code per triple: 1 released, 2 stale (token no longer current),
 -- 3 unknown job, 4 dead-lettered (counted, on the final attempt)
 -- Released jobs go to the consuming end of the list: they were due first.
@@ -17,6 +18,7 @@
 local k_ready, k_leased, k_dead, k_stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local prefix, channel, n = ARGV[1], ARGV[3], tonumber(ARGV[4])
 -- @include record
+-- @include events
 local now = now_ms(ARGV[2])
 local out, released, changed = {}, 0, false
 local was_empty = redis.call('LLEN', k_ready) == 0
@@ -33,6 +35,7 @@ for i = 0, n - 1 do
     if not counted and rec[R_ATTEMPTS] > 0 then rec[R_ATTEMPTS] = rec[R_ATTEMPTS] - 1 end
     if counted and rec[R_ATTEMPTS] >= rec[R_MAX] then
       to_dead(prefix, k_dead, k_stats, id, rec, now, 'consumer went away on the final attempt')
+      emit(prefix, 'dead', id, now, rec, 'consumer went away on the final attempt')
       out[i + 1] = 4
     else
       rec[R_STATE] = S_READY
@@ -40,6 +43,7 @@ for i = 0, n - 1 do
       save(prefix, id, rec)
       redis.call('RPUSH', k_ready, id)
       released = released + 1
+      emit(prefix, 'released', id, now, rec, counted and '' or 'unsent')
       out[i + 1] = 1
     end
   end

@@ -80,6 +80,11 @@ class ShardKeys:
         """HASH: counters (enqueued, acked, retried, dead_lettered, expired, backlog)."""
         return self.prefix + "stats"
 
+    @property
+    def events(self) -> str:
+        """STREAM: lifecycle events of the shard, MAXLEN-bounded (store/lifecycle.py)."""
+        return self.prefix + "ev"
+
     def record(self, job_id: str) -> str:
         """STRING: the packed job record (see records.py)."""
         return f"{self.prefix}j:{job_id}"

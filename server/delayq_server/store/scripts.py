@@ -22,6 +22,12 @@ NAMES = (
     "release",
 )
 
+# Scripts that record lifecycle events: their last argument is the events
+# stream's MAXLEN, 0 = off (lua/includes/events.lua). Store._run appends it.
+RECORDS_EVENTS = frozenset(
+    {"ack", "claim", "dead", "delete", "enqueue", "expire", "nack", "reap", "release"}
+)
+
 # How long a script's reply is kept for a re-sent call (includes/replay.lua).
 # It must outlast the Redis client's retry schedule (app.py: at most
 # REDIS_RETRIES x (backoff cap + connect timeout), about 9 s), with margin;

@@ -159,8 +159,12 @@ class Store:
         idempotency_window_ms: int = 24 * 3600 * 1000,
         completed_retention_ms: int = 0,
         default_shards: int = 1,
+        events_maxlen: int = 0,
     ) -> None:
         self.redis = client
+        # > 0: every transition is also XADDed to the shard's events stream,
+        # trimmed to about this many entries (--record-events, store/lifecycle.py).
+        self.events_maxlen = events_maxlen
         self.bucket_width_ms = bucket_width_ms
         self.idempotency_window_ms = idempotency_window_ms
         self.completed_retention_ms = completed_retention_ms
@@ -186,13 +190,18 @@ class Store:
         each call of a state-changing script carries a request id: a re-sent
         call returns the first run's reply (lua/includes/replay.lua). Every
         script's ARGV[1] is its shard's key prefix, where the request key lives.
+        Scripts that record lifecycle events get the events MAXLEN as their last
+        argument (lua/includes/events.lua).
         """
+        argv = list(args)
+        if name in scripts.RECORDS_EVENTS:
+            argv.append(self.events_maxlen)
         if name not in scripts.REPLAYED:
-            return await self._scripts[name](keys=list(keys), args=list(args))
+            return await self._scripts[name](keys=list(keys), args=argv)
         prefix = args[0]
         assert isinstance(prefix, str) and prefix.startswith("dq:{"), prefix
         request = f"{prefix}rq:{self._rq_prefix}{next(self._rq_seq)}"
-        return await self._scripts[name](keys=[*keys, request], args=list(args))
+        return await self._scripts[name](keys=[*keys, request], args=argv)
 
     # -- queues -----------------------------------------------------------------
 

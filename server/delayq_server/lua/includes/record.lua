@@ -102,8 +102,8 @@ end
 -- so the jobs that expire or are deleted while ready, the ones waiting
 -- longest, sit near the tail. LREM 1 would walk the whole list past every
 -- newer job first.
--- Returns the state it was in (0 when unknown) and its lease nonce, so the
--- stream that held a deleted lease can get its credit back.
+-- Returns the state it was in (0 when unknown), its lease nonce, so the
+-- stream that held a deleted lease can get its credit back, and the record.
 local function remove_job(prefix, k_index, k_ready, k_leased, k_dead, k_done, k_exp, k_stats, width, id)
   local rec = load(prefix, id)
   if not rec then return 0, '' end
@@ -127,6 +127,6 @@ local function remove_job(prefix, k_index, k_ready, k_leased, k_dead, k_done, k_
   end
   redis.call('ZREM', k_exp, id)
   redis.call('DEL', prefix .. 'j:' .. id)
-  if st == S_LEASED then return st, rec[R_TOKEN] end
-  return st, ''
+  if st == S_LEASED then return st, rec[R_TOKEN], rec end
+  return st, '', rec
 end

@@ -1,0 +1,1 @@
+"""delayq data pipeline on Spark: bulk scheduling and lifecycle analytics."""

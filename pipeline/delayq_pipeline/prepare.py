@@ -1,0 +1,193 @@
+"""Reads a dataset and maps its columns to jobs (queue, payload, due, key, headers) in Spark SQL."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import PurePath
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+__all__ = ["ITEM_COLUMNS", "ColumnMapping", "prepare", "read_dataset", "row_json"]
+
+# The server's limits (delayq_server.validation, config max_payload_bytes default).
+MAX_IDEMPOTENCY_KEY = 256
+DEFAULT_MAX_PAYLOAD = 256 * 1024
+
+ITEM_COLUMNS = ("queue", "payload", "due_ms", "delay_ms", "key", "headers", "reject", "row")
+
+_FORMATS = {
+    ".parquet": "parquet",
+    ".csv": "csv",
+    ".json": "json",
+    ".jsonl": "json",
+    ".ndjson": "json",
+}
+
+
+def read_dataset(spark: SparkSession, paths: Sequence[str], fmt: str | None = None) -> DataFrame:
+    """Parquet, CSV (with a header line) or JSON lines, by path or glob.
+
+    The format comes from the first path's extension unless `fmt` names it;
+    a directory without one is read as Parquet (what Spark writes).
+    """
+    if not paths:
+        raise ValueError("give at least one input path")
+    kind = fmt or _FORMATS.get(PurePath(paths[0].rstrip("/*")).suffix.lower(), "parquet")
+    reader = spark.read.format(kind)
+    if kind == "csv":
+        # Columns stay strings: the mapping parses due times itself, so an
+        # unparsable value becomes a reject with its text instead of a null.
+        reader = reader.option("header", "true").option("inferSchema", "false")
+    return reader.load(list(paths))
+
+
+@dataclass(frozen=True)
+class ColumnMapping:
+    """Which columns make a job; each field is a column or a constant.
+
+    Exactly one of `queue_col`/`queue`, and one of `due_col`/`delay_ms`.
+    A payload column may be binary (sent as is), string (UTF-8) or a struct,
+    map or array (JSON); `payload_cols` serialises several columns as one JSON
+    object. Without `key_col` the idempotency key is a SHA-256 of the whole
+    row, so rows identical in every column are one job.
+    """
+
+    queue_col: str | None = None
+    queue: str | None = None
+    payload_col: str | None = None
+    payload_cols: tuple[str, ...] = ()
+    due_col: str | None = None
+    due_format: str | None = None  # Spark datetime pattern for string due times
+    delay_ms: int | None = None
+    key_col: str | None = None
+    headers_col: str | None = None
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD
+
+    def __post_init__(self) -> None:
+        if (self.queue_col is None) == (self.queue is None):
+            raise ValueError("give a queue column or a constant queue (one of them)")
+        if (self.due_col is None) == (self.delay_ms is None):
+            raise ValueError("give a due-time column or a delay (one of them)")
+        if self.payload_col is not None and self.payload_cols:
+            raise ValueError("give a payload column or payload columns, not both")
+        if self.payload_col is None and not self.payload_cols:
+            raise ValueError("give a payload column or payload columns")
+        if self.delay_ms is not None and self.delay_ms < 0:
+            raise ValueError("delay must not be negative")
+
+    def columns(self) -> list[str]:
+        named = [self.queue_col, self.payload_col, self.due_col, self.key_col, self.headers_col]
+        return [c for c in named if c] + list(self.payload_cols)
+
+
+def row_json(df: DataFrame) -> Column:
+    """The whole input row as JSON (the stable input of the row hash, and of rejects)."""
+    return F.to_json(F.struct(*[F.col(f"`{c}`") for c in df.columns]))
+
+
+def _payload(df: DataFrame, m: ColumnMapping) -> Column:
+    if m.payload_cols:
+        return F.encode(F.to_json(F.struct(*[F.col(c) for c in m.payload_cols])), "UTF-8")
+    assert m.payload_col is not None
+    kind = df.schema[m.payload_col].dataType
+    col = F.col(m.payload_col)
+    if isinstance(kind, T.BinaryType):
+        value = col
+    elif isinstance(kind, T.StructType | T.MapType | T.ArrayType):
+        value = F.encode(F.to_json(col), "UTF-8")
+    else:
+        value = F.encode(col.cast("string"), "UTF-8")
+    return F.coalesce(value, F.lit(b"").cast("binary"))
+
+
+def _due_ms(df: DataFrame, m: ColumnMapping) -> Column:
+    """Epoch ms of the due column: timestamps, dates, strings (parsed), numbers (epoch s)."""
+    assert m.due_col is not None
+    kind = df.schema[m.due_col].dataType
+    col = F.col(m.due_col)
+    if isinstance(kind, T.TimestampType | T.TimestampNTZType | T.DateType):
+        ts = col.cast("timestamp")
+    elif isinstance(kind, T.NumericType):
+        return (col.cast("double") * 1000).cast("long")
+    elif m.due_format:
+        ts = F.to_timestamp(col.cast("string"), m.due_format)
+    else:
+        ts = F.to_timestamp(col.cast("string"))
+    return F.unix_millis(ts)
+
+
+def _headers(df: DataFrame, m: ColumnMapping) -> Column:
+    if m.headers_col is None:
+        return F.lit(None).cast("map<string,string>")
+    kind = df.schema[m.headers_col].dataType
+    col = F.col(m.headers_col)
+    if isinstance(kind, T.MapType):
+        return col.cast("map<string,string>")
+    if isinstance(kind, T.StringType):
+        return F.from_json(col, "map<string,string>")
+    return F.from_json(F.to_json(col), "map<string,string>")
+
+
+def prepare(df: DataFrame, m: ColumnMapping) -> DataFrame:
+    """One row per input row with the ITEM_COLUMNS; `reject` names why a row cannot be sent.
+
+    Everything here runs in the JVM; only the narrow result crosses to Python.
+    """
+    missing = [c for c in m.columns() if c not in df.columns]
+    if missing:
+        raise ValueError(f"no such column(s): {', '.join(missing)}; the dataset has {df.columns}")
+    whole = row_json(df)
+    queue = F.col(m.queue_col).cast("string") if m.queue_col else F.lit(m.queue)
+    payload = _payload(df, m)
+    due = _due_ms(df, m) if m.due_col else F.lit(None).cast("long")
+    key = F.col(m.key_col).cast("string") if m.key_col else F.sha2(whole, 256)
+    checks: list[tuple[Column, Column]] = [
+        (queue.isNull(), F.lit(f"queue is null (column {m.queue_col})")),
+    ]
+    if m.due_col:
+        raw = F.col(m.due_col)
+        checks += [
+            (raw.isNull(), F.lit(f"due time is null (column {m.due_col})")),
+            (
+                due.isNull(),
+                F.format_string(
+                    "due time %s is not a timestamp (column %s)",
+                    raw.cast("string"),
+                    F.lit(m.due_col),
+                ),
+            ),
+        ]
+    if m.key_col:
+        checks += [
+            (key.isNull() | (F.length(key) == 0), F.lit(f"key is empty (column {m.key_col})")),
+            (
+                F.length(key) > MAX_IDEMPOTENCY_KEY,
+                F.lit(f"key over {MAX_IDEMPOTENCY_KEY} chars (column {m.key_col})"),
+            ),
+        ]
+    checks.append(
+        (
+            F.length(payload) > m.max_payload_bytes,
+            F.format_string(
+                "payload %d bytes is over the %d-byte limit",
+                F.length(payload),
+                F.lit(m.max_payload_bytes),
+            ),
+        )
+    )
+    reject: Column = F.lit(None).cast("string")
+    for condition, reason in reversed(checks):  # the first failing check names the reason
+        reject = F.when(condition, reason).otherwise(reject)
+    return df.select(
+        queue.alias("queue"),
+        payload.alias("payload"),
+        due.alias("due_ms"),
+        F.lit(m.delay_ms).cast("long").alias("delay_ms"),
+        key.alias("key"),
+        _headers(df, m).alias("headers"),
+        reject.alias("reject"),
+        F.when(reject.isNotNull(), whole).alias("row"),
+    )
