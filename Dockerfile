@@ -19,9 +19,16 @@ RUN apt-get update \
 COPY --from=build /opt/delayq /opt/delayq
 USER delayq
 WORKDIR /var/lib/delayq
+# Listening on every interface, so auth is on (README "Running in Docker
+# securely"): the first start writes an admin token to the file below (mode
+# 0600, in the data volume); read it with `docker exec <c> cat <file>`.
+# Add DELAYQ_TLS_CERT/DELAYQ_TLS_KEY (mounted files) for TLS; reflection
+# exposes only the public contract and can be turned off with DELAYQ_REFLECTION=0.
 ENV PATH=/opt/delayq/bin:$PATH \
     DELAYQ_LISTEN=0.0.0.0:50051 \
-    DELAYQ_DATA_DIR=/var/lib/delayq/redis
+    DELAYQ_DATA_DIR=/var/lib/delayq/redis \
+    DELAYQ_AUTH=1 \
+    DELAYQ_AUTH_BOOTSTRAP_TOKEN_FILE=/var/lib/delayq/admin-token
 EXPOSE 50051
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["delayq-server"]

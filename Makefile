@@ -14,7 +14,7 @@ PY_GEN_DIR := clients/python
 TEST_TARGETS := test-py
 LINT_TARGETS := lint-py
 
-.PHONY: help deps system-deps run test test-py lint lint-py proto proto-py proto-check check-generated bench bench-lateness clean
+.PHONY: help deps system-deps run test test-py lint lint-py proto proto-py proto-check check-generated bench bench-lateness clean fuzz
 
 help:
 	@echo "make run          start delayq on 127.0.0.1:50051 (managed redis unless DELAYQ_REDIS_URL is set)"
@@ -23,6 +23,7 @@ help:
 	@echo "make proto        regenerate code from proto/"
 	@echo "make proto-check  fail when generated code drifts from proto/"
 	@echo "make bench        benchmarks (see bench/README.md)"
+	@echo "make fuzz         long randomized property run against every RPC (FUZZ_EXAMPLES=2000)"
 
 # Debian packages the suites need; installed only when missing.
 system-deps:
@@ -52,6 +53,15 @@ test: deps
 
 test-py: deps
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# `make test` runs the property tests small and derandomized; this runs them
+# long with fresh randomness and writes status counts per RPC.
+FUZZ_EXAMPLES ?= 2000
+fuzz: deps
+	@mkdir -p .run
+	DELAYQ_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) DELAYQ_FUZZ_RANDOM=1 DELAYQ_FUZZ_REPORT=.run/fuzz-report.txt \
+	  $(PY) -m pytest -q -o timeout=0 tests/security/test_fuzz.py $(PYTEST_ARGS)
+	@cat .run/fuzz-report.txt
 
 lint: deps
 	@$(MAKE) --no-print-directory $(LINT_TARGETS)

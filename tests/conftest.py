@@ -12,6 +12,7 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
+from tests.support.auth import AuthServer, auth_server
 from tests.support.servers import ManagedRedis
 
 
@@ -35,3 +36,11 @@ async def aredis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
     client = aioredis.Redis.from_url(redis_url, decode_responses=False)
     yield client
     await client.aclose()
+
+
+@pytest.fixture(scope="session")
+def auth_srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthServer]:
+    """A server with --auth on its own redis-server, shared by the session's auth tests
+    (each test works in its own namespaces)."""
+    with auth_server(tmp_path_factory.mktemp("auth")) as srv:
+        yield srv

@@ -20,33 +20,50 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from delayq.v1 import service_pb2, service_pb2_grpc
+from delayq.v1 import admin_pb2, admin_pb2_grpc, service_pb2, service_pb2_grpc
 from delayq_server import clock, events, telemetry
+from delayq_server.admin_service import AdminService
+from delayq_server.auth import bootstrap
+from delayq_server.auth.certs import CertRoles
+from delayq_server.auth.interceptor import AuthInterceptor
+from delayq_server.auth.tokens import TokenAuthenticator
 from delayq_server.config import Config
 from delayq_server.decode_guard import DecodeGuard
 from delayq_server.dispatcher import Dispatcher
+from delayq_server.quotas import Limits, Quotas
 from delayq_server.service import DelayQueueService
 from delayq_server.store import Store
+from delayq_server.store.quotas import QuotaStore
 from delayq_server.store.scripts import REPLAY_TTL_MS
+from delayq_server.store.tokens import TokenStore
 from delayq_server.timers.manager import Timers
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = service_pb2.DESCRIPTOR.services_by_name["DelayQueueService"].full_name
+ADMIN_SERVICE_NAME = admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name
 
-# Long-lived worker streams sit behind NATs and load balancers: let clients ping.
-SERVER_OPTIONS = [
-    ("grpc.keepalive_time_ms", 60_000),
-    ("grpc.keepalive_timeout_ms", 20_000),
-    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-    ("grpc.max_send_message_length", 64 * 1024 * 1024),
-    # gRPC Python sets SO_REUSEPORT by default: a second server on the same port
-    # would start silently and split the traffic. Binding must fail instead.
-    ("grpc.so_reuseport", 0),
-]
+
+def server_options(cfg: Config) -> list[tuple[str, int]]:
+    """Keepalive, size and port options of the gRPC server (README "Quotas and limits")."""
+    return [
+        # Long-lived worker streams sit behind NATs and load balancers: the
+        # server pings idle connections every 60 s so they are not cut, and
+        # lets clients ping too ...
+        ("grpc.keepalive_time_ms", 60_000),
+        ("grpc.keepalive_timeout_ms", 20_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        # ... but no more often than every 10 s: after 2 faster pings the
+        # connection is closed with GOAWAY (too_many_pings).
+        ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+        ("grpc.http2.max_ping_strikes", 2),
+        ("grpc.max_receive_message_length", cfg.max_message_bytes),
+        ("grpc.max_send_message_length", cfg.max_message_bytes),
+        # gRPC Python sets SO_REUSEPORT by default: a second server on the same port
+        # would start silently and split the traffic. Binding must fail instead.
+        ("grpc.so_reuseport", 0),
+    ]
 
 
 REDIS_POOL_SIZE = 64
@@ -117,6 +134,14 @@ def _safe_url(url: str) -> str:
     return parts._replace(netloc=f"***@{netloc}").geturl()
 
 
+def _read(flag: str, path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise StartupError(f"{flag}: cannot read {path}: {exc.strerror}") from exc
+
+
 class App:
     """One delayq server replica."""
 
@@ -157,10 +182,34 @@ class App:
         )
         self.health = health_aio.HealthServicer()
         self.telemetry = telemetry.setup(cfg.otel)
+        self.token_store = TokenStore(self.redis)
+        self.authenticator: TokenAuthenticator | None = None
+        # The decode guard comes first so later interceptors (auth) see decoded requests.
+        interceptors = [DecodeGuard(), *self.telemetry.interceptors()]
+        if cfg.auth:
+            self.authenticator = TokenAuthenticator(self.token_store)
+            certs = None
+            if cfg.tls_client_roles:
+                try:
+                    certs = CertRoles.load(cfg.tls_client_roles)
+                except (OSError, ValueError) as exc:
+                    raise StartupError(f"--tls-client-roles: {exc}") from exc
+            interceptors.append(AuthInterceptor(self.authenticator, certs))
         self.server = grpc.aio.server(
-            options=SERVER_OPTIONS,
-            # The decode guard comes first so later interceptors see decoded requests.
-            interceptors=[DecodeGuard(), *self.telemetry.interceptors()],
+            options=server_options(cfg),
+            interceptors=interceptors,
+            maximum_concurrent_rpcs=cfg.max_concurrent_rpcs or None,
+        )
+        self.quotas = Quotas(
+            QuotaStore(self.redis),
+            Limits(
+                enqueue_rate=cfg.quota_enqueue_rate,
+                enqueue_burst=cfg.quota_enqueue_burst,
+                max_jobs=cfg.quota_jobs,
+                max_queues=cfg.quota_queues,
+                max_streams=cfg.quota_streams,
+            ),
+            self.server_id,
         )
         self.port = 0
 
@@ -179,26 +228,52 @@ class App:
         await asyncio.wait_for(self.listener.ready.wait(), 10)
         await self.timers.start()
         service = DelayQueueService(
-            self.cfg, self.store, self.dispatcher, self.timers, self.telemetry
+            self.cfg, self.store, self.dispatcher, self.timers, self.telemetry, self.quotas
         )
         service_pb2_grpc.add_DelayQueueServiceServicer_to_server(service, self.server)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        reflection.enable_server_reflection(
-            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
+        admin_pb2_grpc.add_AdminServiceServicer_to_server(
+            AdminService(self.token_store, self.authenticator), self.server
         )
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        if self.cfg.reflection:
+            reflection.enable_server_reflection(
+                (SERVICE_NAME, ADMIN_SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME),
+                self.server,
+            )
         _check_bind(self.cfg.listen)
         try:
-            self.port = self.server.add_insecure_port(self.cfg.listen)
+            self.port = self._bind()
         except RuntimeError:
             self.port = 0
         if self.port == 0:
             raise StartupError(
                 f"cannot listen on {self.cfg.listen}: address in use or not available"
             )
+        # After the bind: a refused start stays one line (test_operations.py).
+        if self.cfg.auth:
+            await bootstrap.ensure_admin(self.token_store, self.cfg.auth_bootstrap_token_file)
+        else:
+            log.warning(
+                "auth is OFF: any client that reaches %s may use every namespace "
+                "(start with --auth or DELAYQ_AUTH=1 outside local development)",
+                self.cfg.listen,
+            )
         await self.server.start()
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
         return self.port
+
+    def _bind(self) -> int:
+        """Plaintext, TLS, or mutual TLS (client certificate required) on one port."""
+        cfg = self.cfg
+        if cfg.tls_cert is None or cfg.tls_key is None:
+            return self.server.add_insecure_port(cfg.listen)
+        key, chain = _read("--tls-key", cfg.tls_key), _read("--tls-cert", cfg.tls_cert)
+        client_ca = _read("--tls-client-ca", cfg.tls_client_ca) if cfg.tls_client_ca else None
+        creds = grpc.ssl_server_credentials(
+            [(key, chain)], root_certificates=client_ca, require_client_auth=client_ca is not None
+        )
+        return self.server.add_secure_port(cfg.listen, creds)
 
     async def stop(self, grace_s: float | None = None) -> None:
         """Graceful: refuse new work, end streams (releasing their leases), drain, close."""

@@ -37,6 +37,22 @@ class Config:
     log_level: str = "INFO"
     clock_skew_ms: int = 0  # test only: shifts the local wall clock (docs/chaos.md)
     otel: bool = False  # export traces/metrics over OTLP (OTEL_EXPORTER_OTLP_* env)
+    auth: bool = False  # bearer tokens / client certificates required (README "Auth")
+    auth_bootstrap_token_file: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None  # set: clients must present a certificate (mTLS)
+    tls_client_roles: str | None = None  # JSON: certificate identity -> namespace + roles
+    reflection: bool = True
+    # Per-namespace quotas (README "Quotas"); 0 turns one off.
+    quota_enqueue_rate: float = 100_000.0  # jobs/s
+    quota_enqueue_burst: int = 200_000
+    quota_jobs: int = 10_000_000  # stored jobs
+    quota_queues: int = 1_000
+    quota_streams: int = 1_000  # concurrent Consume streams over all replicas
+    # Server-wide limits.
+    max_concurrent_rpcs: int = 10_000  # streams included; more get RESOURCE_EXHAUSTED
+    max_message_bytes: int = 16 * 1024 * 1024  # largest request or response message
     record_events: bool = False  # lifecycle events to per-shard streams (store/lifecycle.py)
     events_maxlen: int = 1_000_000  # per shard stream, approximate (MAXLEN ~)
 
@@ -65,6 +81,38 @@ _FLAGS: dict[str, tuple[str, Callable[[str], object] | None, str]] = {
     "grace_ms": ("DELAYQ_GRACE", None, "shutdown grace period"),
     "wake_fallback_ms": ("DELAYQ_WAKE_FALLBACK", None, "longest idle wait without a wake-up"),
     "log_level": ("DELAYQ_LOG_LEVEL", str, "logging level"),
+    "auth_bootstrap_token_file": (
+        "DELAYQ_AUTH_BOOTSTRAP_TOKEN_FILE",
+        str,
+        "with --auth: admin token file, made at first start when missing",
+    ),
+    "tls_cert": ("DELAYQ_TLS_CERT", str, "PEM server certificate chain: serve TLS"),
+    "tls_key": ("DELAYQ_TLS_KEY", str, "PEM private key of --tls-cert"),
+    "tls_client_ca": ("DELAYQ_TLS_CLIENT_CA", str, "PEM CA bundle: require client certs (mTLS)"),
+    "tls_client_roles": (
+        "DELAYQ_TLS_CLIENT_ROLES",
+        str,
+        "JSON file: client certificate CN/SAN -> {namespace, roles}",
+    ),
+    "quota_enqueue_rate": (
+        "DELAYQ_QUOTA_ENQUEUE_RATE",
+        float,
+        "jobs/s one namespace may enqueue (0: no limit)",
+    ),
+    "quota_enqueue_burst": ("DELAYQ_QUOTA_ENQUEUE_BURST", int, "enqueue token bucket size"),
+    "quota_jobs": ("DELAYQ_QUOTA_JOBS", int, "jobs one namespace may store (0: no limit)"),
+    "quota_queues": ("DELAYQ_QUOTA_QUEUES", int, "queues per namespace (0: no limit)"),
+    "quota_streams": (
+        "DELAYQ_QUOTA_STREAMS",
+        int,
+        "concurrent Consume streams per namespace (0: no limit)",
+    ),
+    "max_concurrent_rpcs": (
+        "DELAYQ_MAX_CONCURRENT_RPCS",
+        int,
+        "RPCs (streams included) one replica serves at once",
+    ),
+    "max_message_bytes": ("DELAYQ_MAX_MESSAGE_BYTES", int, "largest gRPC message"),
     "events_maxlen": ("DELAYQ_EVENTS_MAXLEN", int, "entries kept per shard's events stream"),
     "clock_skew_ms": (
         "DELAYQ_CLOCK_SKEW",
@@ -72,6 +120,18 @@ _FLAGS: dict[str, tuple[str, Callable[[str], object] | None, str]] = {
         "test only: skew the local wall clock, e.g. --clock-skew=-5m",
     ),
 }
+
+# flag name -> (env var, help); "--x" sets True, "--no-x" False
+_BOOLS: dict[str, tuple[str, str]] = {
+    "otel": ("DELAYQ_OTEL", "export OTLP telemetry"),
+    "auth": ("DELAYQ_AUTH", "require a token (or mapped client certificate) on every RPC"),
+    "reflection": ("DELAYQ_REFLECTION", "serve gRPC reflection (default on)"),
+    "record_events": (
+        "DELAYQ_RECORD_EVENTS",
+        "record lifecycle events to per-shard Redis streams",
+    ),
+}
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
 class ConfigError(ValueError):
@@ -112,8 +172,15 @@ _RANGES: dict[str, tuple[float, float, str]] = {
     "retry_multiplier": (1.0, 10.0, "1.0 to 10.0"),
     "retry_jitter": (0.0, 1.0, "0.0 to 1.0"),
     "max_payload_bytes": (1, 32 * _MIB, f"1 to {32 * _MIB}"),
-    # The server's own gRPC send limit is 64 MiB (app.SERVER_OPTIONS).
+    # At most the server's own gRPC send limit (--max-message-bytes, checked below).
     "max_response_bytes": (1, 64 * _MIB, f"1 to {64 * _MIB}"),
+    "max_message_bytes": (_MIB, 1024 * _MIB, f"{_MIB} to {1024 * _MIB}"),
+    "quota_enqueue_rate": (0, 1e9, "0 (no limit) or more"),
+    "quota_enqueue_burst": (0, 1e12, "0 (one second of rate) or more"),
+    "quota_jobs": (0, 1e15, "0 (no limit) or more"),
+    "quota_queues": (0, 1e9, "0 (no limit) or more"),
+    "quota_streams": (0, 1e9, "0 (no limit) or more"),
+    "max_concurrent_rpcs": (0, 1e9, "0 (no limit) or more"),
     "shards_per_queue": (1, 1024, "1 to 1024"),
     "completed_retention_ms": (0, 366 * _DAY_MS, "0 (off) to 366d"),
     # 0 would make every idempotent enqueue fail (Redis refuses SET ... PX 0).
@@ -159,6 +226,17 @@ def check(cfg: Config) -> None:
             f"({largest} bytes with --max-payload-bytes {cfg.max_payload_bytes}): "
             "a single job must always fit in one message"
         )
+    if cfg.max_message_bytes < cfg.max_response_bytes:
+        raise ConfigError(
+            f"--max-message-bytes: {cfg.max_message_bytes} is below --max-response-bytes "
+            f"({cfg.max_response_bytes}): Consume messages could not be sent"
+        )
+    if (cfg.tls_cert is None) != (cfg.tls_key is None):
+        raise ConfigError("--tls-cert, --tls-key: give both together")
+    if cfg.tls_client_ca and not cfg.tls_cert:
+        raise ConfigError("--tls-client-ca: mutual TLS needs --tls-cert and --tls-key")
+    if cfg.tls_client_roles and not cfg.tls_client_ca:
+        raise ConfigError("--tls-client-roles: needs --tls-client-ca (client certificates)")
 
 
 def load(argv: Sequence[str] | None = None, env: dict[str, str] | None = None) -> Config:
@@ -170,13 +248,14 @@ def load(argv: Sequence[str] | None = None, env: dict[str, str] | None = None) -
     parser = _Parser(prog="delayq-server", description="delayq gRPC server")
     for name, (var, _kind, text) in _FLAGS.items():
         parser.add_argument(flag_of(name), dest=name, default=None, help=f"{text} (env {var})")
-    parser.add_argument("--otel", action="store_true", default=None, help="export OTLP telemetry")
-    parser.add_argument(
-        "--record-events",
-        action="store_true",
-        default=None,
-        help="record lifecycle events to per-shard Redis streams (env DELAYQ_RECORD_EVENTS=1)",
-    )
+    for name, (var, text) in _BOOLS.items():
+        parser.add_argument(
+            "--" + name.replace("_", "-"),
+            dest=name,
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help=f"{text} (env {var})",
+        )
     ns = parser.parse_args(argv)
     values: dict[str, object] = {}
     for name, (var, kind, _text) in _FLAGS.items():
@@ -190,10 +269,17 @@ def load(argv: Sequence[str] | None = None, env: dict[str, str] | None = None) -
                 values[name] = _convert(kind, raw)
             except ValueError as exc:
                 fail(f"{source}: {exc}")
-    if ns.otel or env.get("DELAYQ_OTEL", "") in ("1", "true"):
-        values["otel"] = True
-    if ns.record_events or env.get("DELAYQ_RECORD_EVENTS", "") in ("1", "true"):
-        values["record_events"] = True
+    for name, (var, _text) in _BOOLS.items():
+        flag = getattr(ns, name)
+        text = env.get(var, "").lower()
+        if flag is not None:
+            values[name] = flag
+        elif text in _TRUE:
+            values[name] = True
+        elif text in _FALSE:
+            values[name] = False
+        elif text:
+            fail(f"{var}: want 1/true/on or 0/false/off, got {text!r}")
     cfg = Config(**values)  # type: ignore[arg-type]
     try:
         check(cfg)

@@ -63,7 +63,9 @@ def to_status(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     if isinstance(exc, redis_errors.ReadOnlyError):
         return grpc.StatusCode.UNAVAILABLE, "Redis is read-only (a replica?); retry later"
     if isinstance(exc, (redis_errors.ConnectionError, redis_errors.TimeoutError)):
-        return grpc.StatusCode.UNAVAILABLE, f"Redis unavailable: {exc}"
+        # The detail names Redis' address: logged here, never sent to callers.
+        log.warning("Redis unavailable: %s", exc)
+        return grpc.StatusCode.UNAVAILABLE, "Redis unavailable; retry later"
     if isinstance(exc, redis_errors.BusyLoadingError):
         return grpc.StatusCode.UNAVAILABLE, "Redis is loading its dataset; retry later"
     log.exception("unexpected error", exc_info=exc)
@@ -72,6 +74,9 @@ def to_status(exc: BaseException) -> tuple[grpc.StatusCode, str]:
 
 async def abort(context: grpc.aio.ServicerContext[Any, Any], exc: BaseException) -> NoReturn:
     code, message = to_status(exc)
+    retry_after_ms = getattr(exc, "retry_after_ms", None)
+    if retry_after_ms is not None:  # quotas: when to retry, for programs
+        context.set_trailing_metadata((("retry-after-ms", str(retry_after_ms)),))
     await context.abort(code, message)
     raise AssertionError("unreachable")  # context.abort raises
 

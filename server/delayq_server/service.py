@@ -16,6 +16,7 @@ from delayq_server import convert, errors, framing, ids, validation
 from delayq_server.config import Config
 from delayq_server.dispatcher import Dispatcher
 from delayq_server.errors import InvalidArgument, NotFound
+from delayq_server.quotas import Quotas
 from delayq_server.release_service import ReleaseServicer
 from delayq_server.store import AckOutcome, JobSpec, ShardKeys, Store, UnknownJob
 from delayq_server.telemetry import Telemetry
@@ -50,8 +51,10 @@ class DelayQueueService(ReleaseServicer, service_pb2_grpc.DelayQueueServiceServi
         dispatcher: Dispatcher,
         timers: Timers,
         telemetry: Telemetry | None = None,
+        quotas: Quotas | None = None,
     ) -> None:
         self._cfg = cfg
+        self._quotas = quotas
         self._store = store
         self._dispatcher = dispatcher
         self._timers = timers
@@ -61,6 +64,8 @@ class DelayQueueService(ReleaseServicer, service_pb2_grpc.DelayQueueServiceServi
     # -- helpers --------------------------------------------------------------------
 
     async def _shards(self, namespace: str, queue: str, *, create: bool) -> int:
+        if create and self._quotas is not None and not self._store.known(namespace, queue):
+            await self._quotas.queue(namespace, queue)
         count = await self._store.shard_count(namespace, queue, create=create)
         if create:
             self._timers.ensure(namespace, queue, count)
@@ -169,6 +174,8 @@ class DelayQueueService(ReleaseServicer, service_pb2_grpc.DelayQueueServiceServi
         (refused,) = await self._clock_refusals([inp])
         if refused is not None:
             raise refused
+        if self._quotas is not None:
+            await self._quotas.enqueue(inp.namespace, 1)
         (resp,) = await self._store_jobs([inp], context)
         if isinstance(resp, Exception):
             raise resp
@@ -196,6 +203,8 @@ class DelayQueueService(ReleaseServicer, service_pb2_grpc.DelayQueueServiceServi
                 results[i].error.code = refused.code.value[0]
                 results[i].error.message = refused.message
         valid = [v for v, refused in zip(valid, refusals, strict=True) if refused is None]
+        if valid and self._quotas is not None:
+            valid = await self._batch_quota(valid, results)
         if valid:
             stored = await self._store_jobs([inp for _, inp in valid], context)
             statuses: dict[int, tuple[grpc.StatusCode, str]] = {}  # one log line per failure
@@ -210,9 +219,33 @@ class DelayQueueService(ReleaseServicer, service_pb2_grpc.DelayQueueServiceServi
                     results[i].response.CopyFrom(resp)
         return service_pb2.EnqueueBatchResponse(results=results)
 
+    async def _batch_quota(
+        self,
+        valid: list[tuple[int, validation.EnqueueInput]],
+        results: list[service_pb2.EnqueueBatchResult],
+    ) -> list[tuple[int, validation.EnqueueInput]]:
+        """Each namespace's jobs of a batch pass its quotas together or are refused per item."""
+        assert self._quotas is not None
+        refused = await self._quotas.enqueue_many([inp.namespace for _, inp in valid])
+        for i, inp in valid:
+            refusal = refused.get(inp.namespace)
+            if refusal is not None:
+                results[i].error.code = refusal.code.value[0]
+                results[i].error.message = refusal.message
+        return [(i, inp) for i, inp in valid if inp.namespace not in refused]
+
     @errors.streaming
     async def Consume(self, request: service_pb2.ConsumeRequest, context: Ctx) -> Any:
         inp = validation.consume(request, self._cfg)
+        if self._quotas is None:
+            async for item in self._consume(inp):
+                yield item
+            return
+        async with self._quotas.stream(inp.namespace):
+            async for item in self._consume(inp):
+                yield item
+
+    async def _consume(self, inp: validation.ConsumeInput) -> Any:
         shards_by_queue = []
         for q in inp.queues:
             count = await self._shards(inp.namespace, q, create=True)

@@ -30,6 +30,9 @@ def test_redis_down_is_unavailable(own_redis: ManagedRedis) -> None:
             stub.Enqueue(REQ, timeout=30)
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE
         assert "Redis" in (err.value.details() or "")
+        # Issue 9: the status never names Redis' address.
+        details = err.value.details() or ""
+        assert str(own_redis.port) not in details and "127.0.0.1" not in details
 
 
 def test_read_only_redis_is_unavailable(own_redis: ManagedRedis) -> None:

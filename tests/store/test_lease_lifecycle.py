@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from delayq_server.store import (
@@ -23,9 +25,24 @@ async def test_claim_leases_with_fresh_nonce_and_counts_the_attempt(
     claimed = await store.claim(shard.keys, 5, 30_000, "s.1.0.", T0)
     assert [c.job_id for c in claimed] == [job_id]
     c = claimed[0]
-    assert c.nonce == "s.1.0.1" and c.record.attempts == 1 and c.lease_deadline_ms == T0 + 30_000
+    assert re.fullmatch(r"s\.1\.0\.1\.[0-9a-f]{16}", c.nonce)
+    assert c.record.attempts == 1 and c.lease_deadline_ms == T0 + 30_000
     assert c.record.state == JobState.LEASED and c.record.last_delivery_ms == T0
     assert await store.redis.zscore(shard.keys.leased, job_id) == T0 + 30_000
+
+
+async def test_claimed_nonces_end_in_64_random_bits(store: Store, shard: Shard) -> None:
+    """Issue 9: consecutive leases of one claim share no predictable suffix."""
+    for _ in range(4):
+        await shard.ready()
+    claimed = await store.claim(shard.keys, 4, 30_000, "s.1.0.", T0)
+    suffixes = [c.nonce.rsplit(".", 1)[1] for c in claimed]
+    assert len(suffixes) == 4 and len(set(suffixes)) == 4
+    assert all(re.fullmatch(r"[0-9a-f]{16}", x) for x in suffixes)
+    # The stored nonce is what fences: the same lease with another random part is stale.
+    c = claimed[0]
+    forged = LeaseRef(c.job_id, c.nonce[:-1] + ("0" if c.nonce[-1] != "0" else "1"))
+    assert await store.ack(shard.keys, [forged], T0) == [AckOutcome.STALE]
 
 
 async def test_claim_takes_oldest_first_and_at_most_count(store: Store, shard: Shard) -> None:

@@ -2,10 +2,32 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["DEFAULT_TARGET", "MAX_BATCH_BYTES", "MAX_BATCH_ITEMS", "channel_options"]
+__all__ = [
+    "DEFAULT_TARGET",
+    "MAX_BATCH_BYTES",
+    "MAX_BATCH_ITEMS",
+    "TOKEN_ENV",
+    "auth_metadata",
+    "channel_options",
+]
+
+#: Environment variable read when no `token=` is given.
+TOKEN_ENV = "DELAYQ_TOKEN"
+
+
+def auth_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
+    """Call metadata carrying the API token (`token`, else $DELAYQ_TOKEN; none: empty).
+
+    Sent as metadata on every call rather than as call credentials, which gRPC
+    only allows on TLS channels: local development runs plaintext.
+    """
+    token = token if token is not None else os.environ.get(TOKEN_ENV) or None
+    return (("authorization", f"Bearer {token}"),) if token else ()
+
 
 DEFAULT_TARGET = "127.0.0.1:50051"
 #: EnqueueBatch takes at most 1000 jobs (contract) ...

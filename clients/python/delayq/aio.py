@@ -17,7 +17,13 @@ from grpc import aio
 
 from delayq import _convert
 from delayq._backoff import Backoff
-from delayq._channel import DEFAULT_TARGET, MAX_BATCH_BYTES, MAX_BATCH_ITEMS, channel_options
+from delayq._channel import (
+    DEFAULT_TARGET,
+    MAX_BATCH_BYTES,
+    MAX_BATCH_ITEMS,
+    auth_metadata,
+    channel_options,
+)
 from delayq._common import (
     RETRYABLE,
     DeadPage,
@@ -55,11 +61,13 @@ class AsyncClient:
         retry_backoff: Backoff | None = None,
         retry_deadline: float = 30.0,
         credentials: grpc.ChannelCredentials | None = None,
+        token: str | None = None,
         options: Sequence[tuple[str, Any]] = (),
         channel: aio.Channel | None = None,
     ) -> None:
         self.namespace = namespace
         self.timeout = timeout
+        self._metadata = auth_metadata(token)
         self.serializer: Serializer = serializer or JsonSerializer()
         self._backoff = retry_backoff or Backoff()
         self._retry_deadline = retry_deadline
@@ -100,7 +108,9 @@ class AsyncClient:
         while True:
             try:
                 return await method(
-                    request, timeout=timeout if timeout is not None else self.timeout
+                    request,
+                    timeout=timeout if timeout is not None else self.timeout,
+                    metadata=self._metadata,
                 )
             except grpc.RpcError as exc:
                 err = from_rpc_error(exc)
@@ -283,7 +293,7 @@ class AsyncClient:
         req = _convert.consume_request(
             self.namespace, queues, max_outstanding, lease, max_batch, release_grace
         )
-        return self._stub.Consume(req)
+        return self._stub.Consume(req, metadata=self._metadata)
 
     async def consume(
         self,

@@ -1,4 +1,4 @@
-"""The `delayq` command line: enqueue, get, delete, stats, tail and dead-letter admin."""
+"""The `delayq` command line: enqueue, get, delete, stats, tail, dead-letter admin, tokens."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Any, TextIO
 
 import grpc
 
-from delayq import __version__
+from delayq import __version__, cli_tokens
 from delayq._channel import DEFAULT_TARGET
 from delayq._convert import delivery_from_proto, parse_duration_text
 from delayq._progress import Progress
@@ -83,6 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--namespace",
         default=os.environ.get("DELAYQ_NAMESPACE", "default"),
         help="namespace (env DELAYQ_NAMESPACE, default %(default)s)",
+    )
+    p.add_argument(
+        "--token",
+        default=None,
+        help="API token when the server runs with auth (env DELAYQ_TOKEN)",
     )
     p.add_argument("--timeout", type=float, default=10.0, help="seconds per call (default 10)")
     p.add_argument("--version", action="version", version=f"delayq {__version__}")
@@ -154,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
         dp.add_argument("job_ids", nargs="*", metavar="JOB_ID")
         dp.add_argument("--all", action="store_true", help="every dead job up to --limit")
         dp.add_argument("--limit", type=int, default=1000)
+    cli_tokens.add_parser(sub)
     return p
 
 
@@ -260,7 +266,11 @@ def _table(head: list[str], body: list[list[str]], *, left: int) -> str:
 def _client(args: argparse.Namespace) -> Client:
     # Interactive use: retry an unreachable server only within one call's timeout.
     return Client(
-        args.target, namespace=args.namespace, timeout=args.timeout, retry_deadline=args.timeout
+        args.target,
+        namespace=args.namespace,
+        timeout=args.timeout,
+        retry_deadline=args.timeout,
+        token=args.token,
     )
 
 
@@ -442,7 +452,11 @@ async def _tail(args: argparse.Namespace, out: TextIO) -> int:
     grace = min(TAIL_RELEASE_GRACE, args.lease)
     give_back: list[str] = []
     async with AsyncClient(
-        args.target, namespace=args.namespace, timeout=args.timeout, retry_deadline=args.timeout
+        args.target,
+        namespace=args.namespace,
+        timeout=args.timeout,
+        retry_deadline=args.timeout,
+        token=args.token,
     ) as client:
         call = client.consume_call(
             args.queues, max_outstanding=max_outstanding, lease=args.lease, release_grace=grace
@@ -555,6 +569,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_stats(args, out)
         if args.command == "tail":
             return cmd_tail(args, out)
+        if args.command == "tokens":
+            return cli_tokens.run(args, out)
         return cmd_dead(args, out)
     except DelayqError as exc:
         err.write(f"delayq: error: {' '.join(str(exc).split())}\n")

@@ -11,7 +11,13 @@ import grpc
 
 from delayq import _convert
 from delayq._backoff import Backoff
-from delayq._channel import DEFAULT_TARGET, MAX_BATCH_BYTES, MAX_BATCH_ITEMS, channel_options
+from delayq._channel import (
+    DEFAULT_TARGET,
+    MAX_BATCH_BYTES,
+    MAX_BATCH_ITEMS,
+    auth_metadata,
+    channel_options,
+)
 from delayq._common import (
     RETRYABLE,
     DeadPage,
@@ -53,11 +59,13 @@ class Client:
         retry_backoff: Backoff | None = None,
         retry_deadline: float = 30.0,
         credentials: grpc.ChannelCredentials | None = None,
+        token: str | None = None,
         options: Sequence[tuple[str, Any]] = (),
         channel: grpc.Channel | None = None,
     ) -> None:
         self.namespace = namespace
         self.timeout = timeout
+        self._metadata = auth_metadata(token)
         self.serializer: Serializer = serializer or JsonSerializer()
         self._backoff = retry_backoff or Backoff()
         self._retry_deadline = retry_deadline
@@ -95,7 +103,11 @@ class Client:
         attempt = 0
         while True:
             try:
-                return method(request, timeout=timeout if timeout is not None else self.timeout)
+                return method(
+                    request,
+                    timeout=timeout if timeout is not None else self.timeout,
+                    metadata=self._metadata,
+                )
             except grpc.RpcError as exc:
                 err = from_rpc_error(exc)
                 wait = self._backoff.delay(attempt)
@@ -295,7 +307,7 @@ class Client:
         req = _convert.consume_request(
             self.namespace, queues, max_outstanding, lease, max_batch, release_grace
         )
-        call = self._stub.Consume(req)
+        call = self._stub.Consume(req, metadata=self._metadata)
         try:
             for msg in call:
                 for d in msg.deliveries:

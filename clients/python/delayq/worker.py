@@ -128,6 +128,7 @@ class Worker:
         serializer: Serializer | None = None,
         reconnect_backoff: Backoff | None = None,
         credentials: grpc.ChannelCredentials | None = None,
+        token: str | None = None,
         options: Sequence[tuple[str, Any]] = (),
         timeout: float = 10.0,
     ) -> None:
@@ -156,6 +157,7 @@ class Worker:
         self._serializer = serializer
         self._reconnect_backoff = reconnect_backoff or Backoff(initial=0.1, maximum=5.0)
         self._credentials = credentials
+        self._token = token
         self._options = options
         self._timeout = timeout
         self._handlers: dict[str, Handler] = {}
@@ -227,6 +229,7 @@ class Worker:
             timeout=self._timeout,
             serializer=self._serializer,
             credentials=self._credentials,
+            token=self._token,
             options=self._options,
         )
         self._executor = ThreadPoolExecutor(

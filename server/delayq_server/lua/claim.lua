@@ -6,17 +6,21 @@
 -- KEYS[5] dead    ZSET  job id -> time of death ms
 -- ARGV[1] prefix, ARGV[2] now ms ('' = Redis TIME), ARGV[3] count (<= 500),
 -- ARGV[4] lease ms, ARGV[5] nonce prefix (the stream's; a counter is appended),
--- ARGV[6] events MAXLEN (0 = off; lua/includes/events.lua)
+-- ARGV[6] randomness: 16 hex chars per job (count * 16), from the server's CSPRNG,
+-- ARGV[7] events MAXLEN, always the last argument (0 = off; lua/includes/events.lua)
 -- Returns: {now, then per leased job: id, nonce, packed record}
 -- Each lease gets a fresh nonce stored in the record: that is the fence that
--- makes Ack/Nack/ExtendLease with an older token fail. Jobs past their TTL are
--- dropped here and counted, never delivered.
+-- makes Ack/Nack/ExtendLease with an older token fail. The nonce ends in 64
+-- random bits (issue 9), so no lease token can be predicted from another: the
+-- prefix only routes credit back to the stream (server id and stream seq).
+-- Jobs past their TTL are dropped here and counted, never delivered.
 -- KEYS[6] the call's request key (includes/replay.lua). A re-sent claim (its
 -- reply was lost) answers the leases the first run took, re-read from their
 -- records, so no lease is left that no stream knows of. Only ids and nonces are
 -- kept for the replay, never the records (payloads can be large).
 local k_ready, k_leased, k_stats, k_exp, k_dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local prefix, count, lease, nonce_prefix = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
+local random = ARGV[6]
 -- @include record
 -- @include events
 -- @include replay
@@ -57,7 +61,7 @@ for i, id in ipairs(ids) do
       to_dead(prefix, k_dead, k_stats, id, rec, now, 'attempts exhausted')
       emit(prefix, 'dead', id, now, rec, 'attempts exhausted')
     else
-      local nonce = nonce_prefix .. i
+      local nonce = nonce_prefix .. i .. '.' .. string.sub(random, i * 16 - 15, i * 16)
       rec[R_STATE] = S_LEASED
       rec[R_ATTEMPTS] = rec[R_ATTEMPTS] + 1
       rec[R_LASTDEL] = now

@@ -19,6 +19,33 @@ def queue_meta_key(namespace: str, queue: str) -> str:
     return f"dq:{{{namespace}/{queue}}}:meta"
 
 
+# API tokens (issue 9). One hash tag so creation is one MULTI, on a cluster too.
+TOKENS_KEY = "dq:{auth}:tokens"  # ZSET: token id -> creation ms
+AUTH_BOOTSTRAP_KEY = "dq:{auth}:bootstrap"  # STRING: set once the first admin token exists
+
+
+def token_key(token_id: str) -> str:
+    """HASH: one API token (sha256 of the secret, namespace, roles, times); never the secret."""
+    return f"dq:{{auth}}:tok:{token_id}"
+
+
+# Per-namespace quota state (issue 9). The tag "{ns:<name>}" cannot meet a
+# shard tag ("{ns/queue/shard}") or "{auth}": names never contain ":" or "/".
+def namespace_queues_key(namespace: str) -> str:
+    """SET: queue names of a namespace (counted by the queue quota)."""
+    return f"dq:{{ns:{namespace}}}:queues"
+
+
+def enqueue_rate_key(namespace: str) -> str:
+    """HASH: the namespace's enqueue token bucket (tokens, ts)."""
+    return f"dq:{{ns:{namespace}}}:rate"
+
+
+def consume_streams_key(namespace: str) -> str:
+    """ZSET: open Consume streams of a namespace -> slot expiry ms."""
+    return f"dq:{{ns:{namespace}}}:streams"
+
+
 def server_channel(server_id: str) -> str:
     """Pub/sub channel of one server replica: credit returned to its streams."""
     return f"dq:srv:{server_id}"

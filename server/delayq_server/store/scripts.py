@@ -42,6 +42,10 @@ SELF_GUARDED = frozenset({"claim"})
 # Redis' clock). They run often on every replica, so they write no entries.
 NOT_REPLAYED = frozenset({"promote", "expire"})
 REPLAYED = frozenset(NAMES) - NOT_REPLAYED
+# Quota scripts (store/quotas.py) are not replayed either: a re-sent
+# quota_queue or quota_stream is idempotent, and a re-sent quota_rate at worst
+# takes a call's tokens twice, erring on the safe side. They are not in NAMES.
+QUOTA_NAMES = ("quota_queue", "quota_rate", "quota_stream")
 assert SELF_GUARDED <= REPLAYED  # their request key is the last KEY
 
 # A body may return a second value, false, when it changed nothing (a refusal,
@@ -64,7 +68,8 @@ def _read(relative: str) -> str:
 
 
 def _expand(text: str) -> str:
-    text = _INCLUDE.sub(lambda m: _read(f"includes/{m.group(1)}.lua"), text)
+    # Includes may include others (record -> clock); each is a small fixed file.
+    text = _INCLUDE.sub(lambda m: _expand(_read(f"includes/{m.group(1)}.lua")), text)
     return text.replace("@REPLAY_TTL_MS@", str(REPLAY_TTL_MS))
 
 

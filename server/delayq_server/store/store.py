@@ -205,6 +205,10 @@ class Store:
 
     # -- queues -----------------------------------------------------------------
 
+    def known(self, namespace: str, queue: str) -> bool:
+        """Whether this replica has used the queue already (its shard count is cached)."""
+        return (namespace, queue) in self._shards
+
     async def shard_count(self, namespace: str, queue: str, *, create: bool) -> int:
         """Shard count of a queue, fixed when the queue is first used.
 
@@ -322,11 +326,19 @@ class Store:
         nonce_prefix: str,
         now_ms: int | None = None,
     ) -> list[Claimed]:
-        """Leases up to ``count`` ready jobs, each with a fresh nonce."""
+        """Leases up to ``count`` ready jobs, each with a fresh nonce ending in 64 random bits."""
+        count = min(count, CLAIM_LIMIT)
         out = await self._run(
             "claim",
             [keys.ready, keys.leased, keys.stats, keys.expiring, keys.dead],
-            [keys.prefix, _now_arg(now_ms), min(count, CLAIM_LIMIT), lease_ms, nonce_prefix],
+            [
+                keys.prefix,
+                _now_arg(now_ms),
+                count,
+                lease_ms,
+                nonce_prefix,
+                os.urandom(8 * count).hex(),
+            ],
         )
         now = int(out[0])
         claimed = []

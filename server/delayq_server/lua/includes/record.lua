@@ -7,13 +7,7 @@ local R_LASTDEL, R_FINISH, R_TOKEN, R_ERR = 7, 8, 9, 10
 local R_B_INIT, R_B_MAX, R_B_MULT, R_B_JIT, R_HEADERS, R_PAYLOAD = 11, 12, 13, 14, 15, 16
 local S_SCHEDULED, S_READY, S_LEASED, S_DEAD, S_COMPLETED = 1, 2, 3, 4, 5
 
--- "Now" is Redis TIME unless the caller passes an explicit clock (tests).
-local function now_ms(arg)
-  local n = tonumber(arg)
-  if n and n > 0 then return n end
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
+-- @include clock
 
 local function load(prefix, id)
   local raw = redis.call('GET', prefix .. 'j:' .. id)

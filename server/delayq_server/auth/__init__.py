@@ -1,0 +1,1 @@
+"""Authentication and authorization: bearer tokens, client certificates, one interceptor."""

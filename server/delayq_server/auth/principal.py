@@ -1,0 +1,45 @@
+"""Who is calling: a namespace (or every one) and a set of roles."""
+
+from __future__ import annotations
+
+import contextvars
+from dataclasses import dataclass
+
+PRODUCE = "produce"
+CONSUME = "consume"
+READ = "read"
+ADMIN = "admin"
+ROLES = (PRODUCE, CONSUME, READ, ADMIN)
+ALL_NAMESPACES = "*"
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """The caller of one RPC, as authenticated by the interceptor."""
+
+    namespace: str  # ALL_NAMESPACES or one namespace
+    roles: frozenset[str]
+    name: str  # token id or certificate identity: for messages and logs, never a secret
+
+    def allows(self, namespace: str) -> bool:
+        return self.namespace == ALL_NAMESPACES or self.namespace == namespace
+
+    def has(self, role: str) -> bool:
+        return role in self.roles
+
+
+# With auth off every call acts as this principal (`make run` for local work).
+UNRESTRICTED = Principal(ALL_NAMESPACES, frozenset(ROLES), "auth-off")
+
+_current: contextvars.ContextVar[Principal] = contextvars.ContextVar(
+    "delayq_principal", default=UNRESTRICTED
+)
+
+
+def current() -> Principal:
+    """The principal of the RPC running in this task (UNRESTRICTED with auth off)."""
+    return _current.get()
+
+
+def set_current(p: Principal) -> None:
+    _current.set(p)

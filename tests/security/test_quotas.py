@@ -1,0 +1,177 @@
+"""One test per quota and limit: each refusal is RESOURCE_EXHAUSTED naming the quota,
+with when to retry (message and `retry-after-ms` trailer)."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+import redis
+
+from delayq.v1 import service_pb2, service_pb2_grpc
+from tests.support.rpc import Stub
+from tests.support.servers import DelayqProcess, wait_until
+
+_ns = itertools.count()
+LIMITS = [
+    "--quota-enqueue-rate", "5", "--quota-enqueue-burst", "5",
+    "--quota-jobs", "8", "--quota-queues", "2", "--quota-streams", "1",
+    "--max-concurrent-rpcs", "3", "--max-message-bytes", str(1024 * 1024),
+]  # fmt: skip
+
+
+@pytest.fixture
+def limited(redis_url: str) -> Iterator[Stub]:
+    with DelayqProcess(redis_url, LIMITS) as proc, grpc.insecure_channel(proc.address) as ch:
+        yield service_pb2_grpc.DelayQueueServiceStub(ch)
+
+
+@pytest.fixture
+def ns() -> str:
+    return f"quota{next(_ns)}"
+
+
+def _enqueue(stub: Stub, ns: str, queue: str = "q") -> grpc.RpcError | None:
+    try:
+        stub.Enqueue(
+            service_pb2.EnqueueRequest(namespace=ns, queue=queue, payload=b"x"), timeout=10
+        )
+        return None
+    except grpc.RpcError as exc:
+        return exc
+
+
+def _retry_after(err: grpc.RpcError) -> int:
+    trailers: dict[str, Any] = {m.key: m.value for m in err.trailing_metadata() or ()}
+    return int(trailers["retry-after-ms"])
+
+
+def test_enqueue_rate(limited: Stub, ns: str) -> None:
+    errors = [_enqueue(limited, ns) for _ in range(7)]
+    refused = [e for e in errors if e is not None]
+    assert 1 <= len(refused) <= 2  # burst 5; refilling at 5/s may add one
+    err = refused[0]
+    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "enqueue rate" in (err.details() or "") and "retry in" in (err.details() or "")
+    assert 0 < _retry_after(err) <= 1000
+    # Another namespace has its own bucket.
+    assert _enqueue(limited, ns + "-other") is None
+    # A batch beyond the burst is refused per item, naming the quota.
+    batch = service_pb2.EnqueueBatchRequest(
+        requests=[service_pb2.EnqueueRequest(namespace=ns + "-b", queue="q", payload=b"x")] * 6
+    )
+    results = limited.EnqueueBatch(batch, timeout=10).results
+    assert all(r.error.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0] for r in results)
+    assert "burst" in results[0].error.message
+
+
+def test_stored_jobs(limited: Stub, ns: str) -> None:
+    """8 jobs at most; the rate quota (5/s) means waiting for tokens on the way."""
+    stored = 0
+
+    def fill() -> bool:
+        nonlocal stored
+        err = _enqueue(limited, ns)
+        if err is None:
+            stored += 1
+            return False
+        assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        details = err.details() or ""
+        return "stores" in details
+
+    wait_until(fill, timeout=30, interval=0.05)
+    assert stored >= 8  # the count is re-read each second, so it may overshoot a little
+    err = _enqueue(limited, ns)
+    assert err is not None and "stores" in (err.details() or "")
+
+
+def test_queues_per_namespace(limited: Stub, ns: str, redis_url: str) -> None:
+    assert _enqueue(limited, ns, "q1") is None
+    assert _enqueue(limited, ns, "q2") is None
+    err = _enqueue(limited, ns, "q3")
+    assert err is not None and err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "queues" in (err.details() or "")
+    assert _enqueue(limited, ns, "q1") is None  # existing queues keep working
+    r = redis.Redis.from_url(redis_url)
+    assert not r.exists(f"dq:{{{ns}/q3}}:meta")
+    r.close()
+
+
+def test_consume_streams_per_namespace(limited: Stub, ns: str) -> None:
+    req = service_pb2.ConsumeRequest(namespace=ns, queues=["q"], max_outstanding=1)
+    first = limited.Consume(req)
+    assert _enqueue(limited, ns) is None
+    assert next(iter(first)).deliveries  # the first stream is open and serving
+    second = limited.Consume(req, timeout=10)
+    with pytest.raises(grpc.RpcError) as info:
+        next(iter(second))
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "Consume streams" in (info.value.details() or "")
+    first.cancel()  # type: ignore[no-untyped-call]
+
+    def reopened() -> bool:
+        call = limited.Consume(req, timeout=2)
+        try:
+            next(iter(call))
+        except grpc.RpcError as exc:
+            # No job to deliver within 2 s means the stream was admitted.
+            return bool(exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED)
+        return True
+
+    wait_until(reopened, timeout=20, interval=0.1)
+
+
+def test_max_concurrent_rpcs(limited: Stub, ns: str) -> None:
+    """Open streams count: with 3 in flight the next RPC is refused by gRPC itself."""
+    calls = []
+    for i in range(3):
+        req = service_pb2.ConsumeRequest(namespace=f"{ns}-{i}", queues=["q"], max_outstanding=1)
+        calls.append(limited.Consume(req))
+    ready = threading.Event()
+
+    def refused() -> bool:
+        err = _enqueue(limited, ns + "-x")
+        if err is not None and err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+            ready.set()
+        return ready.is_set()
+
+    wait_until(refused, timeout=20, interval=0.05)
+    for c in calls:
+        c.cancel()  # type: ignore[no-untyped-call]
+    wait_until(lambda: _enqueue(limited, ns + "-x") is None, timeout=20, interval=0.05)
+
+
+def test_max_message_size(limited: Stub, ns: str) -> None:
+    big = service_pb2.EnqueueBatchRequest(
+        requests=[service_pb2.EnqueueRequest(namespace=ns, queue="q", payload=b"x" * 200_000)] * 6
+    )
+    with pytest.raises(grpc.RpcError) as info:
+        limited.EnqueueBatch(big, timeout=10)
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_abusive_pings_are_cut(redis_url: str) -> None:
+    """Keepalive enforcement: a client pinging far more often than every 10 s is sent
+    GOAWAY (too_many_pings); its idle Consume stream ends with UNAVAILABLE."""
+    pinger = [
+        ("grpc.keepalive_time_ms", 200),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.http2.min_time_between_pings_ms", 100),
+    ]
+    with (
+        DelayqProcess(redis_url) as proc,
+        grpc.insecure_channel(proc.address, options=pinger) as ch,
+    ):
+        stub = service_pb2_grpc.DelayQueueServiceStub(ch)
+        call = stub.Consume(
+            service_pb2.ConsumeRequest(queues=["idle"], max_outstanding=1), timeout=60
+        )
+        with pytest.raises(grpc.RpcError) as info:
+            next(iter(call))
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "ping" in (info.value.details() or "").lower()
