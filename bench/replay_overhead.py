@@ -14,9 +14,9 @@ import sys
 import tempfile
 from typing import Any
 
-from delayq_server.app import redis_client
 from delayq_server.ids import new_job_id
 from delayq_server.managed_redis import ManagedRedis
+from delayq_server.redis_client import connect as redis_client
 from delayq_server.store import JobSpec, LeaseRef, ShardKeys, Store, scripts
 
 ALL = scripts.REPLAYED

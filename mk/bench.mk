@@ -52,3 +52,9 @@ bench-redelivery: deps
 # Redis CPU per script call with and without the lost-reply guard (issue 8).
 bench-replay: deps
 	$(PY) -m bench.replay_overhead $(BENCH_ARGS)
+
+# Issue 11: big backlogs (10k, 1M, 10M delayed jobs over 30 days) and a burst of
+# 1M jobs due at once, on one Redis and on a 3-master cluster (bench/scale.py).
+.PHONY: bench-scale
+bench-scale: deps
+	$(PY) -m bench.scale --cluster --json .run/bench-scale.json $(BENCH_ARGS)

@@ -25,8 +25,10 @@ from bench.harness.stats import Figure
 SCENARIOS = ("enqueue", "memory", "lateness", "drain", "redelivery")
 FULL = {
     "runs": 3,
-    "lateness_duration": 10.0,
+    "lateness_rates": [1000, 10000],
+    "lateness_duration": 30.0,
     "enqueue_single_jobs": 20_000,
+    "enqueue_latency_jobs": 2_000,
     "enqueue_batch_jobs": 100_000,
     "memory_jobs": 100_000,
     "drain_jobs": 50_000,
@@ -36,11 +38,13 @@ FULL = {
 }
 QUICK = {
     "runs": 1,
+    "lateness_rates": [1000],
     "lateness_duration": 1.0,
     "enqueue_single_jobs": 3_000,
+    "enqueue_latency_jobs": 200,
     "enqueue_batch_jobs": 20_000,
-    "memory_jobs": 10_000,
-    "drain_jobs": 5_000,
+    "memory_jobs": 4_000,
+    "drain_jobs": 2_000,
     "redelivery_timeout": 3.0,
     "lateness_grace": 60.0,
     "out": str(REPO / ".run" / "bench-quick"),
@@ -68,19 +72,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--lateness-rates",
         type=csv(int),
-        default=[1000, 10000],
-        help="jobs/s falling due, one scenario each",
+        help="jobs/s falling due, one scenario each (default 1000,10000; --quick 1000)",
     )
     p.add_argument("--lateness-duration", type=float, help="seconds of jobs falling due per rate")
     p.add_argument("--lateness-grace", type=float, help="seconds allowed after the last due time")
     p.add_argument("--enqueue-single-jobs", type=int)
+    p.add_argument("--enqueue-latency-jobs", type=int, help="sequential calls for the p50")
     p.add_argument("--enqueue-batch-jobs", type=int)
     p.add_argument("--memory-jobs", type=int, help="delayed jobs stored for bytes/job")
     p.add_argument("--drain-jobs", type=int)
     p.add_argument("--redelivery-timeout", type=float, help="seconds to wait for a redelivery")
     p.add_argument("--batch-size", type=int, default=1000, help="jobs per batch call")
     p.add_argument("--batch-concurrency", type=int, default=2, help="batch calls in flight")
-    p.add_argument("--enqueue-concurrency", type=int, default=64, help="single calls in flight")
+    p.add_argument(
+        "--enqueue-concurrency", type=int, default=50, help="concurrent single-call producers"
+    )
     p.add_argument(
         "--worker-concurrency",
         type=int,
@@ -168,7 +174,9 @@ def main(argv: list[str] | None = None) -> int:
                 problems += Step(step.scenario, step.name, params).sanity(system, result)
                 cpu.setdefault(system, {}).setdefault(step.name, []).append(result["cpu"])
                 print(f"    cpu: {result['cpu']}", file=sys.stderr, flush=True)
-                for key, value in step.figures(result).items():
+                for key, value in (
+                    Step(step.scenario, step.name, params).figures(result, system).items()
+                ):
                     figures.setdefault(key, {}).setdefault(system, Figure()).runs.append(value)
                     print(f"    {key} = {value:,.3f}", file=sys.stderr, flush=True)
                 if step.scenario == "lateness":
@@ -194,7 +202,16 @@ def write(
     panels = [
         (m.label, m.unit, figures[m.key])
         for m in rows
-        if m.key in ("enqueue_single", "enqueue_batch", "drain", "bytes_per_job", "redelivery")
+        if m.key
+        in (
+            "enqueue_single",
+            "enqueue_batch",
+            "drain",
+            "bytes_per_job_dense",
+            "bytes_per_job_sparse",
+            "redelivery",
+            "redelivery_stop",
+        )
         and m.key in figures
     ]
     if panels:

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import signal
 import sys
 import time
@@ -32,6 +33,16 @@ class Progress:
         if force or now - self.last >= self.every:
             self.last = now
             print(f"    {self.label}: {done:,}/{self.total:,}", file=sys.stderr, flush=True)
+
+
+def due_times_ms(lead_s: float, jobs: int, rate: float) -> list[int]:
+    """Whole-ms due times drawn at random (fixed seed) over jobs/rate seconds, sorted, the
+    first window starting lead_s from now: every system takes a ms due time, so the
+    requested time is exactly what each stores."""
+    rng = random.Random(7)
+    t0 = time.time() * 1000 + lead_s * 1000
+    span = jobs / rate * 1000
+    return sorted(int(t0 + rng.random() * span) for _ in range(jobs))
 
 
 class LatenessLog:
@@ -70,7 +81,8 @@ class LatenessLog:
 
 class Holder:
     """Worker A of the redelivery scenario: a child that takes one job, prints
-    `held <job id>` and never acks; killed with SIGKILL while it holds the job."""
+    `held <job id>` and never acks; killed with SIGKILL (or frozen with SIGSTOP) while it
+    holds the job."""
 
     def __init__(self, *command: str) -> None:
         self.command = command
@@ -98,10 +110,10 @@ class Holder:
             raise RuntimeError(f"worker A did not take the job: {line!r}")
         return line.split()[1]
 
-    def kill(self) -> float:
-        """SIGKILL worker A; the perf_counter time of the kill."""
+    def kill(self, how: str = "KILL") -> float:
+        """SIGKILL (or SIGSTOP: frozen, connections open) worker A; the perf_counter time."""
         assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGKILL)
+        os.kill(self.proc.pid, signal.SIGSTOP if how == "STOP" else signal.SIGKILL)
         return time.perf_counter()
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -24,9 +26,11 @@ from bench.harness.common import (
     Holder,
     LatenessLog,
     Progress,
+    due_times_ms,
     runner_args,
     write_result,
 )
+from delayq import AsyncClient
 from delayq.v1 import job_pb2, service_pb2, service_pb2_grpc
 
 PAYLOAD_BYTES = PAYLOAD.encode()
@@ -82,8 +86,34 @@ async def enqueue_batched(
     await asyncio.gather(*(one(i) for i in range(0, len(requests), batch_size)))
 
 
+async def enqueue_client(target: str, jobs: int, *, concurrency: int, delay_s: float) -> None:
+    """`concurrency` callers of the Python AsyncClient's enqueue (client-side batching on)."""
+    next_index = 0
+    progress = Progress("delayq enqueue (AsyncClient.enqueue)", jobs)
+    async with AsyncClient(target) as client:
+
+        async def caller() -> None:
+            nonlocal next_index
+            while next_index < jobs:
+                next_index += 1
+                await client.enqueue(QUEUE, PAYLOAD_BYTES, delay=delay_s)
+                progress.update(next_index)
+
+        await asyncio.gather(*(caller() for _ in range(concurrency)))
+
+
+async def enqueue_latency(stub: Stub, jobs: int, *, delay_s: float) -> list[float]:
+    """One unary Enqueue at a time: the latency of each call, in ms."""
+    out: list[float] = []
+    for _ in range(jobs):
+        start = time.perf_counter_ns()
+        await stub.Enqueue(_request(delay_s=delay_s))
+        out.append((time.perf_counter_ns() - start) / 1e6)
+    return out
+
+
 async def enqueue_single(stub: Stub, jobs: int, *, concurrency: int, delay_s: float) -> None:
-    """Unary Enqueue calls, `concurrency` in flight."""
+    """Unary Enqueue calls over the raw stub, `concurrency` in flight."""
     next_index = 0
     progress = Progress("delayq enqueue (single)", jobs)
 
@@ -149,17 +179,38 @@ class Consumer:
             call.cancel()
 
 
-async def scenario_enqueue(stub: Stub, p: dict[str, Any]) -> dict[str, Any]:
+def delays(p: dict[str, Any]) -> list[float]:
+    """Per-job delays: 1 h, or spread at random over `spread_s` after one minute."""
+    jobs = int(p["jobs"])
+    spread = float(p.get("spread_s", 0))
+    if not spread:
+        return [float(p.get("delay_s", 3600))] * jobs
+    rng = random.Random(12)
+    return [60 + rng.random() * spread for _ in range(jobs)]
+
+
+async def scenario_enqueue(stub: Stub, p: dict[str, Any], target: str) -> dict[str, Any]:
     jobs = int(p["jobs"])
     delay_s = float(p.get("delay_s", 3600))
     start = time.perf_counter()
+    if p["mode"] == "latency":
+        lat = await enqueue_latency(stub, jobs, delay_s=delay_s)
+        seconds = time.perf_counter() - start
+        return {
+            "jobs": jobs,
+            "seconds": seconds,
+            "rate": jobs / seconds,
+            "p50_ms": statistics.median(lat),
+        }
     if p["mode"] == "single":
+        await enqueue_client(target, jobs, concurrency=int(p["concurrency"]), delay_s=delay_s)
+    elif p["mode"] == "unary":
         await enqueue_single(stub, jobs, concurrency=int(p["concurrency"]), delay_s=delay_s)
     else:
         progress = Progress("delayq enqueue (batched)", jobs)
         await enqueue_batched(
             stub,
-            [_request(delay_s=delay_s) for _ in range(jobs)],
+            [_request(delay_s=d) for d in delays(p)],
             batch_size=int(p["batch_size"]),
             concurrency=int(p["batch_concurrency"]),
             on_batch=lambda n, _t: progress.update(n),
@@ -171,19 +222,17 @@ async def scenario_enqueue(stub: Stub, p: dict[str, Any]) -> dict[str, Any]:
 async def scenario_lateness(stub: Stub, p: dict[str, Any]) -> dict[str, Any]:
     rate = float(p["rate"])
     jobs = int(p["jobs"])
-    t0_ns = time.time_ns() + int(float(p["lead_s"]) * 1e9)
-    due_ns = [t0_ns + int(i * 1e9 / rate) for i in range(jobs)]
+    due_ns = [ms * 1_000_000 for ms in due_times_ms(float(p["lead_s"]), jobs, rate)]
     log = LatenessLog(
         f"delayq lateness @{rate:,.0f}/s",
         jobs,
-        "server clock: Job.last_delivery_time - Job.due_time (Redis TIME)",
+        "consumer: time.time_ns() when the delivery arrives - requested due time",
     )
 
     def on_delivery(d: job_pb2.Delivery) -> None:
-        if not d.job.HasField("last_delivery_time"):
-            raise RuntimeError("Delivery.job.last_delivery_time is unset")
-        ns = d.job.last_delivery_time.ToNanoseconds() - d.job.due_time.ToNanoseconds()
-        log.record(d.job.id, ns / 1e6)
+        # Receipt on the consumer's clock (same host as Redis), sub-ms; the requested
+        # due time is a whole ms, so Job.due_time is exactly what was asked for.
+        log.record(d.job.id, (time.time_ns() - d.job.due_time.ToNanoseconds()) / 1e6)
 
     consumer = Consumer(
         stub, max_outstanding=int(p["max_outstanding"]), max_batch=int(p["max_batch"])
@@ -273,7 +322,7 @@ async def scenario_redelivery(stub: Stub, p: dict[str, Any], args: Any) -> dict[
         )
         got = asyncio.create_task(first_delivery(call))
         await asyncio.sleep(0.5)
-        killed = holder.kill()
+        killed = holder.kill(str(p.get("signal", "KILL")))
         try:
             delivery = await asyncio.wait_for(got, timeout)
         except TimeoutError:
@@ -292,7 +341,7 @@ async def main() -> None:
         stub = service_pb2_grpc.DelayQueueServiceStub(channel)
         scenario = args.scenario
         if scenario == "enqueue":
-            result = await scenario_enqueue(stub, params)
+            result = await scenario_enqueue(stub, params, args.target)
         elif scenario == "lateness":
             result = await scenario_lateness(stub, params)
         elif scenario == "drain":

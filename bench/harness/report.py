@@ -83,6 +83,10 @@ def fmt(value: float, unit: str) -> str:
         return f"{value:,.0f}"
     if unit == "s" and value < 0.1:
         return f"{value:.3f}"
+    if unit == "s/1k":
+        return f"{value:.3f}"
+    if unit == "ms" and abs(value) < 10:
+        return f"{value:.2f}"
     return f"{value:.1f}"
 
 

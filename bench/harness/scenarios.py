@@ -24,6 +24,15 @@ class Metric:
     target: str = ""
 
 
+# Steps whose CPU cost per job gets a row (display names, as in plan()).
+CPU_STEPS = ("enqueue single", "enqueue batched", "drain")
+SPREADS = {"dense": 3600.0, "sparse": 30 * 86400.0}
+
+
+def cpu_key(step_name: str) -> str:
+    return f"cpu_per_1k@{step_name}"
+
+
 def metrics(rates: list[int]) -> list[Metric]:
     rows: list[Metric] = []
     for rate in rates:
@@ -37,11 +46,50 @@ def metrics(rates: list[int]) -> list[Metric]:
             ),
         ]
     rows += [
-        Metric("enqueue_single", "enqueue, single calls (concurrent)", "jobs/s", "higher"),
-        Metric("enqueue_batch", "enqueue, batched (best API)", "jobs/s", "higher", ">= 50,000"),
+        Metric(
+            "enqueue_single",
+            "enqueue, single calls, 50 callers (delayq: Python AsyncClient, batching)",
+            "jobs/s",
+            "higher",
+            ">= BullMQ",
+        ),
+        Metric("enqueue_unary", "enqueue, unary RPC, 50 in flight (raw stub)", "jobs/s", "higher"),
+        Metric("enqueue_p50_c1", "enqueue, one call at a time: p50", "ms", "lower", "< 0.5"),
+        Metric("enqueue_batch", "enqueue, batched (best API)", "jobs/s", "higher", ">= 2x BullMQ"),
         Metric("drain", "drain: consume + ack, all due", "jobs/s", "higher", ">= 20,000"),
-        Metric("bytes_per_job", "Redis bytes per delayed job", "B", "lower", "<= 300"),
+        Metric(
+            "bytes_per_job_dense",
+            "Redis bytes per delayed job, due over 1 h",
+            "B",
+            "lower",
+            "<= 300",
+        ),
+        Metric(
+            "bytes_per_job_sparse",
+            "Redis bytes per delayed job, due over 30 d",
+            "B",
+            "lower",
+            "<= 300",
+        ),
         Metric("redelivery", "redelivery after worker SIGKILL", "s", "lower", "<= 1"),
+        Metric(
+            "redelivery_stop",
+            "redelivery after worker SIGSTOP (waits for the 30 s lease / lock)",
+            "s",
+            "lower",
+        ),
+    ]
+    names = [f"lateness @{rate:,}/s" for rate in rates] + list(CPU_STEPS)
+    cpu_targets = {"lateness @1,000/s": "< 0.15"}
+    rows += [
+        Metric(
+            cpu_key(n),
+            f"CPU s per 1,000 jobs, {n} (delayq server; peers: their worker process)",
+            "s/1k",
+            "lower",
+            cpu_targets.get(n, ""),
+        )
+        for n in names
     ]
     return rows
 
@@ -54,8 +102,19 @@ class Step:
     name: str  # display name
     params: dict[str, Any]
 
-    def figures(self, result: dict[str, Any]) -> dict[str, float]:
+    def figures(self, result: dict[str, Any], system: str = "delayq") -> dict[str, float]:
         """Figures of one run, keyed like Metric.key."""
+        out = self._figures(result)
+        if self.name in CPU_STEPS or self.scenario == "lateness":
+            # delayq's work is in its server; a peer's in its runner (worker, and producer).
+            proc = "server" if system == "delayq" else "runner"
+            cpu = result.get("cpu", {}).get(f"{proc}_cpu_s")
+            jobs = result.get("jobs") or self.params.get("jobs")
+            if cpu is not None and jobs:
+                out[cpu_key(self.name)] = float(cpu) / float(jobs) * 1000
+        return out
+
+    def _figures(self, result: dict[str, Any]) -> dict[str, float]:
         if self.scenario == "lateness":
             rate = int(self.params["rate"])
             late: list[float] = result["lateness_ms"]
@@ -65,14 +124,20 @@ class Step:
                 f"lateness_max@{rate}": max(late) if late else math.nan,
                 f"early@{rate}": float(sum(1 for v in late if v < 0)),
             }
-        if self.name == "memory":
-            return {"bytes_per_job": result["redis_used_memory_delta"] / self.params["jobs"]}
+        if self.name.startswith("memory"):
+            spread = self.name.split()[-1]
+            return {
+                f"bytes_per_job_{spread}": result["redis_used_memory_delta"] / self.params["jobs"]
+            }
         if self.scenario == "enqueue":
+            if self.params["mode"] == "latency":
+                return {"enqueue_p50_c1": float(result["p50_ms"])}
             return {f"enqueue_{self.params['mode']}": float(result["rate"])}
         if self.scenario == "drain":
             return {"drain": float(result["rate"])}
         seconds = result["seconds"]
-        return {"redelivery": math.inf if seconds is None else float(seconds)}
+        key = "redelivery_stop" if self.params.get("signal") == "STOP" else "redelivery"
+        return {key: math.inf if seconds is None else float(seconds)}
 
     def sanity(self, system: str, result: dict[str, Any]) -> list[str]:
         """Problems with one run that make its figures meaningless (never timing thresholds)."""
@@ -92,7 +157,7 @@ class Step:
             problems.append(f"{where}: no enqueue rate")
         elif self.scenario == "redelivery" and system == "delayq" and result["seconds"] is None:
             problems.append(f"{where}: job never redelivered")
-        if self.name == "memory" and result["redis_used_memory_delta"] <= 0:
+        if self.name.startswith("memory") and result["redis_used_memory_delta"] <= 0:
             problems.append(f"{where}: Redis memory did not grow")
         return problems
 
@@ -133,6 +198,26 @@ def plan(system: str, args: argparse.Namespace) -> list[Step]:
                 },
             )
         )
+        if system == "delayq":
+            steps.append(
+                Step(
+                    "enqueue",
+                    "enqueue unary",
+                    {
+                        **common,
+                        "mode": "unary",
+                        "jobs": args.enqueue_single_jobs,
+                        "concurrency": args.enqueue_concurrency,
+                    },
+                )
+            )
+        steps.append(
+            Step(
+                "enqueue",
+                "enqueue one at a time",
+                {**common, "mode": "latency", "jobs": args.enqueue_latency_jobs},
+            )
+        )
         if system != "arq":
             steps.append(
                 Step(
@@ -142,18 +227,20 @@ def plan(system: str, args: argparse.Namespace) -> list[Step]:
                 )
             )
     if "memory" in wanted:
-        steps.append(
-            Step(
-                "enqueue",
-                "memory",
-                {
-                    **common,
-                    "mode": best_enqueue_mode(system),
-                    "jobs": args.memory_jobs,
-                    "concurrency": args.enqueue_concurrency,
-                },
+        for spread, spread_s in SPREADS.items():
+            steps.append(
+                Step(
+                    "enqueue",
+                    f"memory {spread}",
+                    {
+                        **common,
+                        "mode": best_enqueue_mode(system),
+                        "jobs": args.memory_jobs,
+                        "concurrency": args.enqueue_concurrency,
+                        "spread_s": spread_s,
+                    },
+                )
             )
-        )
     if "lateness" in wanted:
         for rate in args.lateness_rates:
             jobs = int(rate * args.lateness_duration)
@@ -173,5 +260,13 @@ def plan(system: str, args: argparse.Namespace) -> list[Step]:
     if "drain" in wanted:
         steps.append(Step("drain", "drain", {**common, "jobs": args.drain_jobs}))
     if "redelivery" in wanted:
-        steps.append(Step("redelivery", "redelivery", {"timeout_s": args.redelivery_timeout}))
+        # A frozen worker's job waits for its 30 s lease: only a timeout beyond that shows it.
+        for sig in ("KILL", "STOP") if args.redelivery_timeout > 30 else ("KILL",):
+            steps.append(
+                Step(
+                    "redelivery",
+                    f"redelivery SIG{sig}",
+                    {"timeout_s": args.redelivery_timeout, "signal": sig},
+                )
+            )
     return steps

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
 import sys
 import time
 from datetime import UTC, datetime
@@ -26,6 +27,7 @@ from bench.harness.common import (
     Holder,
     LatenessLog,
     Progress,
+    due_times_ms,
     runner_args,
     write_result,
 )
@@ -86,14 +88,31 @@ async def enqueue_concurrently(
 async def scenario_enqueue(url: str, p: dict[str, Any]) -> dict[str, Any]:
     jobs = int(p["jobs"])
     delay_s = float(p.get("delay_s", 3600))
+    spread = float(p.get("spread_s", 0))
+    rng = random.Random(12)
+    delays = [60 + rng.random() * spread if spread else delay_s for _ in range(jobs)]
     pool = await create_pool(settings_of(url))
     progress = Progress("arq enqueue (enqueue_job)", jobs)
     start = time.perf_counter()
+    if p["mode"] == "latency":
+        lat = []
+        for _ in range(jobs):
+            t = time.perf_counter()
+            await pool.enqueue_job("job", PAYLOAD, _queue_name=QUEUE, _defer_by=delay_s)
+            lat.append((time.perf_counter() - t) * 1000)
+        seconds = time.perf_counter() - start
+        await pool.aclose()
+        return {
+            "jobs": jobs,
+            "seconds": seconds,
+            "rate": jobs / seconds,
+            "p50_ms": sorted(lat)[jobs // 2],
+        }
     await enqueue_concurrently(
         pool,
         jobs,
         int(p["concurrency"]),
-        lambda _i: {"_defer_by": delay_s},
+        lambda i: {"_defer_by": delays[i]},
         lambda i, _t: progress.update(i + 1),
     )
     seconds = time.perf_counter() - start
@@ -104,11 +123,12 @@ async def scenario_enqueue(url: str, p: dict[str, Any]) -> dict[str, Any]:
 async def scenario_lateness(url: str, p: dict[str, Any]) -> dict[str, Any]:
     rate = float(p["rate"])
     jobs = int(p["jobs"])
-    t0 = time.time() + float(p["lead_s"])
-    due = [t0 + i / rate for i in range(jobs)]
+    due = [ms / 1000 for ms in due_times_ms(float(p["lead_s"]), jobs, rate)]
     done = asyncio.Event()
     log = LatenessLog(
-        f"arq lateness @{rate:,.0f}/s", jobs, "arq: handler start (time.time) - job score"
+        f"arq lateness @{rate:,.0f}/s",
+        jobs,
+        "consumer: handler start (time.time) - job score (the requested whole-ms due time)",
     )
 
     async def handler(ctx: Ctx, _payload: str) -> None:
@@ -192,7 +212,7 @@ async def scenario_redelivery(url: str, p: dict[str, Any]) -> dict[str, Any]:
         worker = worker_of(url, handler, max_jobs=1)
         running = asyncio.create_task(worker.main())
         await asyncio.sleep(0.5)
-        killed = holder.kill()
+        killed = holder.kill(str(p.get("signal", "KILL")))
         try:
             seconds: float | None = await asyncio.wait_for(got, timeout) - killed
         except TimeoutError:

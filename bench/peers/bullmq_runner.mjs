@@ -40,6 +40,35 @@ class Progress {
   }
 }
 
+// A seeded PRNG (mulberry32): the same random spreads every run.
+function rng(seed) {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+// Whole-ms due times at random over jobs/rate seconds, sorted (cf. common.due_times_ms).
+function dueTimesMs(leadS, jobs, rate) {
+  const r = rng(7);
+  const t0 = Date.now() + leadS * 1000;
+  const span = (jobs / rate) * 1000;
+  return Array.from({ length: jobs }, () => Math.floor(t0 + r() * span)).sort((a, b) => a - b);
+}
+
+// Per-job delays in ms: 1 h, or at random over spread_s after one minute (memory scenarios).
+function delaysMs(p) {
+  if (!p.spread_s) return Array.from({ length: p.jobs }, () => Math.round((p.delay_s ?? 3600) * 1000));
+  const r = rng(12);
+  return Array.from({ length: p.jobs }, () => Math.round((60 + r() * p.spread_s) * 1000));
+}
+
+const nowMs = () => performance.timeOrigin + performance.now();
+
 async function addBatched(queue, jobs, batchSize, concurrency, onBatch) {
   let next = 0;
   async function loop() {
@@ -60,6 +89,18 @@ async function scenarioEnqueue(conn, p) {
   const jobs = p.jobs;
   const delay = Math.round((p.delay_s ?? 3600) * 1000);
   const start = performance.now();
+  if (p.mode === "latency") {
+    const lat = [];
+    for (let i = 0; i < jobs; i++) {
+      const t = performance.now();
+      await queue.add("job", { p: PAYLOAD }, { delay });
+      lat.push(performance.now() - t);
+    }
+    const seconds = (performance.now() - start) / 1000;
+    await queue.close();
+    lat.sort((a, b) => a - b);
+    return { jobs, seconds, rate: jobs / seconds, p50_ms: lat[Math.floor(lat.length / 2)] };
+  }
   if (p.mode === "single") {
     const progress = new Progress("bullmq enqueue (single)", jobs);
     let next = 0;
@@ -73,7 +114,7 @@ async function scenarioEnqueue(conn, p) {
     await Promise.all(Array.from({ length: p.concurrency }, loop));
   } else {
     const progress = new Progress("bullmq enqueue (addBulk)", jobs);
-    const all = Array.from({ length: jobs }, () => ({ name: "job", data: { p: PAYLOAD }, opts: { delay } }));
+    const all = delaysMs(p).map((d) => ({ name: "job", data: { p: PAYLOAD }, opts: { delay: d } }));
     await addBatched(queue, all, p.batch_size, p.batch_concurrency, (_s, end) => progress.update(end));
   }
   const seconds = (performance.now() - start) / 1000;
@@ -89,8 +130,7 @@ async function scenarioLateness(conn, p) {
   const queue = new Queue(QUEUE, { connection: conn });
   await queue.waitUntilReady();
   const { jobs, rate } = p;
-  const t0 = Date.now() + p.lead_s * 1000;
-  const due = Array.from({ length: jobs }, (_, i) => Math.round(t0 + (i * 1000) / rate));
+  const due = dueTimesMs(p.lead_s, jobs, rate);
   const lateness = [];
   const seen = new Set();
   let duplicates = 0;
@@ -98,9 +138,9 @@ async function scenarioLateness(conn, p) {
   let finish;
   const finished = new Promise((resolve) => (finish = resolve));
   const worker = runWorker(conn, p.concurrency, async (job) => {
-    // BullMQ's own record: processedOn (set when the job moved to active) minus its due time,
+    // Receipt on the consumer's clock (sub-ms) minus the requested due time,
     // timestamp + opts.delay (job.delay itself is reset to 0 when the job is promoted).
-    lateness.push(job.processedOn - (job.timestamp + job.opts.delay));
+    lateness.push(nowMs() - (job.timestamp + job.opts.delay));
     if (seen.has(job.id)) duplicates += 1;
     seen.add(job.id);
     progress.update(lateness.length);
@@ -125,7 +165,7 @@ async function scenarioLateness(conn, p) {
     duplicates,
     late_enqueues: lateEnqueues,
     lateness_ms: lateness,
-    clock: "BullMQ job.processedOn - (job.timestamp + job.opts.delay), client clocks",
+    clock: "consumer: performance.timeOrigin + performance.now() in the handler - (job.timestamp + job.opts.delay)",
   };
 }
 
@@ -133,7 +173,8 @@ async function scenarioDrain(conn, p) {
   const queue = new Queue(QUEUE, { connection: conn });
   await queue.waitUntilReady();
   const jobs = p.jobs;
-  const all = Array.from({ length: jobs }, () => ({ name: "job", data: { p: PAYLOAD } }));
+  // removeOnComplete: delayq deletes a job on ack, so BullMQ does not keep it either.
+  const all = Array.from({ length: jobs }, () => ({ name: "job", data: { p: PAYLOAD }, opts: { removeOnComplete: true } }));
   await addBatched(queue, all, p.batch_size, p.batch_concurrency);
   const progress = new Progress("bullmq drain", jobs);
   let completed = 0;
@@ -186,7 +227,7 @@ async function scenarioRedelivery(conn, p, args) {
     const worker = runWorker(conn, 1, async (job) => got({ at: performance.now(), job }));
     await worker.waitUntilReady();
     await new Promise((resolve) => setTimeout(resolve, 500));
-    holder.kill("SIGKILL");
+    holder.kill(p.signal === "STOP" ? "SIGSTOP" : "SIGKILL");
     const killed = performance.now();
     const timeout = new Promise((resolve) => setTimeout(() => resolve(null), p.timeout_s * 1000));
     const result = await Promise.race([received, timeout]);

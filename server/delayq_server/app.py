@@ -10,31 +10,25 @@ import socket
 from urllib.parse import urlsplit
 
 import grpc
-import redis.asyncio as aioredis
 from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from delayq.v1 import admin_pb2, admin_pb2_grpc, service_pb2, service_pb2_grpc
-from delayq_server import clock, events, telemetry
+from delayq_server import clock, events, redis_client, telemetry
 from delayq_server.admin_service import AdminService
 from delayq_server.auth import bootstrap
 from delayq_server.auth.certs import CertRoles
 from delayq_server.auth.interceptor import AuthInterceptor
 from delayq_server.auth.tokens import TokenAuthenticator
 from delayq_server.config import Config
-from delayq_server.decode_guard import DecodeGuard
+from delayq_server.decode_guard import DecodeGuard, guarded
 from delayq_server.dispatcher import Dispatcher
 from delayq_server.quotas import Limits, Quotas
 from delayq_server.service import DelayQueueService
 from delayq_server.store import Store
 from delayq_server.store.quotas import QuotaStore
-from delayq_server.store.scripts import REPLAY_TTL_MS
 from delayq_server.store.tokens import TokenStore
 from delayq_server.timers.manager import Timers
 
@@ -61,41 +55,10 @@ def server_options(cfg: Config) -> list[tuple[str, int]]:
         ("grpc.max_receive_message_length", cfg.max_message_bytes),
         ("grpc.max_send_message_length", cfg.max_message_bytes),
         # gRPC Python sets SO_REUSEPORT by default: a second server on the same port
-        # would start silently and split the traffic. Binding must fail instead.
-        ("grpc.so_reuseport", 0),
+        # would start silently and split the traffic. Binding must fail instead,
+        # except for the workers of one --workers group (workers.py).
+        ("grpc.so_reuseport", 1 if cfg.reuse_port else 0),
     ]
-
-
-REDIS_POOL_SIZE = 64
-REDIS_RETRIES = 3
-REDIS_BACKOFF_CAP_S = 1.0
-REDIS_CONNECT_TIMEOUT_S = 2.0
-# A re-sent script must still find its first run's reply (store/scripts.py).
-assert REDIS_RETRIES * (REDIS_BACKOFF_CAP_S + REDIS_CONNECT_TIMEOUT_S) * 1000 < REPLAY_TTL_MS / 2
-
-
-def redis_client(redis_url: str) -> aioredis.Redis:
-    """The Redis client every replica uses.
-
-    A command that fails on a dropped connection (Redis restarted, failover,
-    a lost reply) is re-sent a few times on a fresh one. Every script carries a
-    request id, so a re-sent script returns its first run's reply instead of
-    running again (docs/decisions.md, "Lost replies"). A bounded pool that waits
-    for a free connection: a batch spread over hundreds of queues (one script
-    call per shard, concurrently) must queue up, not fail with "Too many
-    connections".
-    """
-    pool = aioredis.BlockingConnectionPool.from_url(
-        redis_url,
-        max_connections=REDIS_POOL_SIZE,
-        timeout=10,
-        decode_responses=False,
-        health_check_interval=30,
-        socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
-        retry=Retry(ExponentialBackoff(cap=REDIS_BACKOFF_CAP_S, base=0.05), REDIS_RETRIES),
-        retry_on_error=[RedisConnectionError, RedisTimeoutError],
-    )
-    return aioredis.Redis.from_pool(pool)
 
 
 FINISH_TIMEOUT_S = 5.0
@@ -105,7 +68,7 @@ class StartupError(Exception):
     """The server cannot start; the message is the one line printed to the operator."""
 
 
-def _check_bind(listen: str) -> None:
+def check_bind(listen: str) -> None:
     """Refuses an address another process listens on, with one clear line
     (gRPC's own bind failure also logs a core error line first)."""
     host, _, port = listen.rpartition(":")
@@ -152,7 +115,7 @@ class App:
             log.warning("local clock skewed by %d ms (test setting)", cfg.clock_skew_ms)
         clock.set_skew_ms(cfg.clock_skew_ms)
         self.redis_url = redis_url
-        self.redis = redis_client(redis_url)
+        self.redis = redis_client.connect(redis_url)
         self.store = Store(
             self.redis,
             bucket_width_ms=cfg.bucket_width_ms,
@@ -170,7 +133,11 @@ class App:
             idle_fallback_s=cfg.wake_fallback_ms / 1000,
         )
         self.timers = Timers(
-            self.store, self.hub, self.dispatcher.on_reaped, fallback_s=cfg.wake_fallback_ms / 1000
+            self.store,
+            self.hub,
+            self.dispatcher.on_reaped,
+            self.server_id,
+            fallback_s=cfg.wake_fallback_ms / 1000,
         )
         self.listener = events.PubSubListener(
             self.redis,
@@ -179,13 +146,13 @@ class App:
             self.dispatcher.on_credit_nonces,
             on_subscribed=self._resync,
             on_keep=self.dispatcher.on_keep_nonces,
+            on_expired=self.dispatcher.on_expired_nonces,
         )
         self.health = health_aio.HealthServicer()
         self.telemetry = telemetry.setup(cfg.otel)
         self.token_store = TokenStore(self.redis)
         self.authenticator: TokenAuthenticator | None = None
-        # The decode guard comes first so later interceptors (auth) see decoded requests.
-        interceptors = [DecodeGuard(), *self.telemetry.interceptors()]
+        interceptors = [*self.telemetry.interceptors()]
         if cfg.auth:
             self.authenticator = TokenAuthenticator(self.token_store)
             certs = None
@@ -195,9 +162,12 @@ class App:
                 except (OSError, ValueError) as exc:
                     raise StartupError(f"--tls-client-roles: {exc}") from exc
             interceptors.append(AuthInterceptor(self.authenticator, certs))
+        self._intercepted = bool(interceptors)
+        if interceptors:  # first: later interceptors (auth) see decoded requests
+            interceptors.insert(0, DecodeGuard())
         self.server = grpc.aio.server(
             options=server_options(cfg),
-            interceptors=interceptors,
+            interceptors=interceptors or None,
             maximum_concurrent_rpcs=cfg.max_concurrent_rpcs or None,
         )
         self.quotas = Quotas(
@@ -230,17 +200,22 @@ class App:
         service = DelayQueueService(
             self.cfg, self.store, self.dispatcher, self.timers, self.telemetry, self.quotas
         )
-        service_pb2_grpc.add_DelayQueueServiceServicer_to_server(service, self.server)
+        # Without interceptors the handlers themselves decode (cheaper per call:
+        # grpc.aio then skips its interceptor chain); with interceptors the
+        # DecodeGuard interceptor comes first, so auth sees decoded requests.
+        registrar = self.server if self._intercepted else guarded(self.server)
+        service_pb2_grpc.add_DelayQueueServiceServicer_to_server(service, registrar)
         admin_pb2_grpc.add_AdminServiceServicer_to_server(
-            AdminService(self.token_store, self.authenticator), self.server
+            AdminService(self.token_store, self.authenticator), registrar
         )
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, registrar)
         if self.cfg.reflection:
             reflection.enable_server_reflection(
                 (SERVICE_NAME, ADMIN_SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME),
-                self.server,
+                registrar,
             )
-        _check_bind(self.cfg.listen)
+        if not self.cfg.reuse_port:  # a worker: its supervisor checked the port
+            check_bind(self.cfg.listen)
         try:
             self.port = self._bind()
         except RuntimeError:

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import NoReturn
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from delayq_server.durations import parse_ms, parse_signed_ms
 
@@ -55,6 +55,8 @@ class Config:
     max_message_bytes: int = 16 * 1024 * 1024  # largest request or response message
     record_events: bool = False  # lifecycle events to per-shard streams (store/lifecycle.py)
     events_maxlen: int = 1_000_000  # per shard stream, approximate (MAXLEN ~)
+    workers: int = 1  # server processes sharing the port (workers.py)
+    reuse_port: bool = False  # set by the supervisor for its workers only
 
 
 # flag name -> (env var, parser, help)
@@ -114,6 +116,7 @@ _FLAGS: dict[str, tuple[str, Callable[[str], object] | None, str]] = {
     ),
     "max_message_bytes": ("DELAYQ_MAX_MESSAGE_BYTES", int, "largest gRPC message"),
     "events_maxlen": ("DELAYQ_EVENTS_MAXLEN", int, "entries kept per shard's events stream"),
+    "workers": ("DELAYQ_WORKERS", int, "server processes sharing the port (1 to 64)"),
     "clock_skew_ms": (
         "DELAYQ_CLOCK_SKEW",
         parse_signed_ms,
@@ -141,6 +144,25 @@ class ConfigError(ValueError):
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         fail(message)
+
+
+def _check_redis_url(url: str) -> None:
+    """Refuses what redis-py would only trip over at the first command. Messages
+    name the scheme or parameter, never the URL: it may carry a password."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster"):
+        raise ConfigError(
+            f"--redis-url: scheme {parts.scheme + '://'!r} is not redis://, rediss://, "
+            "unix:// or redis+cluster://"
+        )
+    # On a plaintext URL redis-py hands ssl_* to a plain connection: a TypeError
+    # traceback instead of a refusal (docs/decisions.md, "rediss:// URLs").
+    tls = {name for name, _ in parse_qsl(parts.query) if name.startswith("ssl_")}
+    if tls and not parts.scheme.startswith("rediss"):
+        raise ConfigError(
+            f"--redis-url: {', '.join(sorted(tls))} is a TLS setting: use rediss:// "
+            f"(or rediss+cluster://), {parts.scheme}:// is plaintext"
+        )
 
 
 def fail(message: str) -> NoReturn:
@@ -189,6 +211,7 @@ _RANGES: dict[str, tuple[float, float, str]] = {
     "grace_ms": (0, 3_600_000, "0 to 1h"),
     "wake_fallback_ms": (100, _DAY_MS, "100ms to 1d"),
     "events_maxlen": (1, 1_000_000_000, "1 to 1000000000"),
+    "workers": (1, 64, "1 to 64"),
     "clock_skew_ms": (-_DAY_MS, _DAY_MS, "-1d to 1d"),
 }
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -206,11 +229,7 @@ def check(cfg: Config) -> None:
     if cfg.log_level.upper() not in _LOG_LEVELS:
         raise ConfigError(f"--log-level: must be one of {', '.join(_LOG_LEVELS)}")
     if cfg.redis_url is not None:
-        scheme = urlsplit(cfg.redis_url).scheme
-        if scheme not in ("redis", "rediss", "unix"):
-            raise ConfigError(
-                f"--redis-url: {cfg.redis_url!r} is not a redis://, rediss:// or unix:// URL"
-            )
+        _check_redis_url(cfg.redis_url)
     host, sep, port = cfg.listen.rpartition(":")
     if not sep or not host or not port.isdigit() or int(port) > 65535:
         raise ConfigError(f"--listen: {cfg.listen!r} is not host:port (port 0 picks one)")
@@ -280,6 +299,8 @@ def load(argv: Sequence[str] | None = None, env: dict[str, str] | None = None) -
             values[name] = False
         elif text:
             fail(f"{var}: want 1/true/on or 0/false/off, got {text!r}")
+    if env.get("DELAYQ_REUSE_PORT", "") == "1":  # workers.REUSE_PORT_ENV, set for workers
+        values["reuse_port"] = True
     cfg = Config(**values)  # type: ignore[arg-type]
     try:
         check(cfg)

@@ -1,4 +1,4 @@
-"""Per-stream delivery: claims ready jobs for a Consume stream within its credit.
+"""This replica's Consume streams: opening, closing, credit and wake-ups.
 
 A stream holds at most ``max_outstanding`` un-acked deliveries. Credit comes
 back when a delivery is acked or nacked (through any replica: the lease nonce
@@ -15,161 +15,16 @@ import contextlib
 import itertools
 import logging
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable
 
 from delayq_server import events
 from delayq_server.ids import LeaseToken
 from delayq_server.store import Claimed, LeaseRef, ShardKeys, Store
 from delayq_server.store.keys import server_channel
+from delayq_server.stream import IDLE_FALLBACK_S, ConsumeStream
+from delayq_server.wakeups import ReadyBoard
 
 log = logging.getLogger(__name__)
-
-IDLE_FALLBACK_S = 30.0  # re-check for work when no wake-up came (last resort)
-# With no credit and no credit message for this long, re-verify outstanding
-# leases against Redis (covers credit lost with a pub/sub message, or a lease
-# dropped by TTL expiry).
-STALL_CHECK_S = 10.0
-
-
-@dataclass(slots=True)
-class Outstanding:
-    keys: ShardKeys
-    job_id: str
-    sent: bool = False  # False between claim and the stream write
-
-
-class ConsumeStream:
-    """State of one open Consume stream on this replica."""
-
-    def __init__(
-        self,
-        dispatcher: Dispatcher,
-        seq: str,
-        shards_by_queue: list[list[ShardKeys]],
-        max_outstanding: int,
-        lease_ms: int,
-        max_batch: int,
-        release_grace_ms: int = 0,
-    ) -> None:
-        self._d = dispatcher
-        self.seq = seq
-        self._queues = shards_by_queue
-        self._max_outstanding = max_outstanding
-        self._lease_ms = lease_ms
-        self._max_batch = max_batch
-        self.release_grace_ms = release_grace_ms
-        self.outstanding: dict[str, Outstanding] = {}  # nonce -> lease
-        self.wake = asyncio.Event()
-        self._claims = itertools.count()
-        self._rotation = itertools.count()
-        self.closing = False
-
-    def credit_back(self, nonce: str) -> None:
-        if self.outstanding.pop(nonce, None) is not None:
-            self.wake.set()
-
-    def keep(self, nonce: str) -> None:
-        """An extended lease of a closed stream in its grace is no longer released by it."""
-        if self.closing:
-            self.outstanding.pop(nonce, None)
-
-    def mark_sent(self, nonces: Iterable[str]) -> None:
-        """Handed to gRPC from here on: the client may have it even if the write
-        is interrupted, so its attempt counts when the stream closes."""
-        for nonce in nonces:
-            o = self.outstanding.get(nonce)
-            if o is not None:
-                o.sent = True
-
-    def close(self) -> None:
-        self.closing = True
-        self.wake.set()
-
-    @property
-    def tags(self) -> Iterable[str]:
-        return (k.tag for shards in self._queues for k in shards)
-
-    async def _claim(self, keys: ShardKeys, count: int, prefix: str) -> list[Claimed]:
-        """One claim script call that survives the stream being cancelled mid-call.
-
-        If the stream is cancelled while the script runs, its leases would be
-        lost until they expire; instead they are released (uncounted) as soon
-        as the call returns.
-        """
-        task = asyncio.ensure_future(self._d.store.claim(keys, count, self._lease_ms, prefix))
-        try:
-            return await asyncio.shield(task)
-        except asyncio.CancelledError:
-            self._d.release_orphaned(keys, task)
-            raise
-
-    async def _claim_round(self) -> list[tuple[ShardKeys, Claimed]]:
-        """Claims in priority order: a later queue only gets the credit left over."""
-        got: list[tuple[ShardKeys, Claimed]] = []
-        budget = min(self._max_outstanding - len(self.outstanding), self._max_batch)
-        for shards in self._queues:
-            if budget <= 0:
-                break
-            start = next(self._rotation) % len(shards)
-            for keys in shards[start:] + shards[:start]:
-                if budget <= 0:
-                    break
-                prefix = f"{self._d.server_id}.{self.seq}.{next(self._claims)}."
-                claimed = await self._claim(keys, budget, prefix)
-                if claimed:
-                    self._d.on_leased(keys, claimed[0].lease_deadline_ms)
-                for c in claimed:
-                    self.outstanding[c.nonce] = Outstanding(keys, c.job_id)
-                    got.append((keys, c))
-                budget -= len(claimed)
-        return got
-
-    async def deliveries(self) -> AsyncIterator[list[tuple[ShardKeys, Claimed]]]:
-        """Yields batches of fresh leases until the stream is closed."""
-        while not self.closing:
-            self.wake.clear()
-            if len(self.outstanding) >= self._max_outstanding:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.wake.wait(), STALL_CHECK_S)
-                if not self.wake.is_set():
-                    await self._verify_outstanding()
-                continue
-            batch = await self._claim_round()
-            if batch:
-                # Handed to gRPC from here on: the client may have it even if
-                # the write is interrupted, so its attempt counts.
-                for _, c in batch:
-                    o = self.outstanding.get(c.nonce)
-                    if o is not None:
-                        o.sent = True
-                yield batch
-                continue
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), self._d.idle_fallback_s)
-
-    async def _verify_outstanding(self) -> None:
-        """Drops leases this stream no longer holds (credit lost with a pub/sub message,
-        or a lease dropped by TTL expiry): one pipelined read per shard."""
-        by_shard: dict[ShardKeys, list[LeaseRef]] = defaultdict(list)
-        for nonce, o in self.outstanding.items():
-            by_shard[o.keys].append(LeaseRef(o.job_id, nonce))
-        for keys, leases in by_shard.items():
-            held = await self._d.store.held(keys, leases)
-            for lease, ok in zip(leases, held, strict=True):
-                if not ok:
-                    self.outstanding.pop(lease.nonce, None)
-
-    async def release(self) -> int:
-        by_shard: dict[ShardKeys, list[LeaseRef]] = defaultdict(list)
-        unsent = frozenset(n for n, o in self.outstanding.items() if not o.sent)
-        for nonce, o in self.outstanding.items():
-            by_shard[o.keys].append(LeaseRef(o.job_id, nonce))
-        self.outstanding.clear()
-        released = 0
-        for keys, leases in by_shard.items():
-            released += await self._d.store.release(keys, leases, unsent=unsent)
-        return released
 
 
 class Dispatcher:
@@ -193,6 +48,11 @@ class Dispatcher:
         self._releases: set[asyncio.Task[int]] = set()
         self._lingering: set[asyncio.Task[int]] = set()  # closed streams in their grace
         self._background: set[asyncio.Task[None]] = set()
+        self.board = ReadyBoard()
+        hub.listen(events.READY, self._on_ready)
+
+    def _on_ready(self, tag: str, detail: str) -> None:
+        self.board.fire(tag, int(detail) if detail.isdigit() else 1)
 
     def open(
         self,
@@ -207,8 +67,8 @@ class Dispatcher:
             self, seq, shards_by_queue, max_outstanding, lease_ms, max_batch, release_grace_ms
         )
         self._streams[seq] = stream
-        for tag in stream.tags:
-            self.hub.subscribe(events.READY, tag, stream.wake)
+        # A new stream looks at each of its shards once before it waits for events.
+        self.board.hint_all(stream.tags)
         return stream
 
     def close(self, stream: ConsumeStream) -> None:
@@ -219,8 +79,7 @@ class Dispatcher:
         what is left is released when the grace ends.
         """
         stream.closing = True
-        for tag in stream.tags:
-            self.hub.unsubscribe(events.READY, tag, stream.wake)
+        self.board.stop_idle(stream)
         if stream.release_grace_ms > 0 and stream.outstanding:
             linger = asyncio.create_task(self._linger(stream), name=f"linger {stream.seq}")
             self._lingering.add(linger)
@@ -261,7 +120,9 @@ class Dispatcher:
         task.add_done_callback(self._release_done)
 
     def wake_all(self) -> None:
+        """After a possible loss of events: every stream re-checks all its shards."""
         for stream in self._streams.values():
+            self.board.hint_all(stream.tags)
             stream.wake.set()
 
     def close_all(self) -> None:
@@ -299,6 +160,15 @@ class Dispatcher:
             if stream is not None:
                 stream.keep(nonce)
 
+    def on_given_back(self, tokens: list[LeaseToken]) -> None:
+        """Released deliveries of this replica's streams: credit after a cooldown;
+        other replicas' streams get plain credit (see ConsumeStream.given_back)."""
+        for t in tokens:
+            if t.server_id == self.server_id:
+                stream = self._stream_of(t.nonce)
+                if stream is not None:
+                    stream.given_back(t.nonce)
+
     async def credit(self, tokens: list[LeaseToken]) -> None:
         """Returns credit for finished leases to whichever replica holds the stream."""
         await self._route(tokens, "credit", self.on_credit_nonces)
@@ -324,8 +194,19 @@ class Dispatcher:
                     server_channel(server_id), f"{kind} " + " ".join(nonces)
                 )
 
+    def on_expired_nonces(self, nonces: list[str]) -> None:
+        """Leases of our streams that ran out (another replica's reaper may tell us)."""
+        for nonce in nonces:
+            stream = self._stream_of(nonce)
+            if stream is not None:
+                stream.lease_expired(nonce)
+
     def on_reaped(self, keys: ShardKeys, leases: list[LeaseRef]) -> None:
+        """A lease that ran out gives its stream NO credit back: the client is slow,
+        stuck or frozen, and handing it more work (the same job, even) would use up
+        attempts no handler gets to try. The slot frees when the client answers
+        for that delivery (an Ack, Nack, Release or ExtendLease, even a stale one)."""
         tokens = [LeaseToken(keys, lease.job_id, lease.nonce) for lease in leases if lease.nonce]
-        task = asyncio.create_task(self.credit(tokens))
+        task = asyncio.create_task(self._route(tokens, "expired", self.on_expired_nonces))
         self._background.add(task)
         task.add_done_callback(self._background.discard)

@@ -66,6 +66,16 @@ def to_status(exc: BaseException) -> tuple[grpc.StatusCode, str]:
         # The detail names Redis' address: logged here, never sent to callers.
         log.warning("Redis unavailable: %s", exc)
         return grpc.StatusCode.UNAVAILABLE, "Redis unavailable; retry later"
+    if isinstance(
+        exc,
+        (
+            redis_errors.ClusterDownError,
+            redis_errors.TryAgainError,
+            redis_errors.SlotNotCoveredError,
+            redis_errors.MasterDownError,
+        ),
+    ):
+        return grpc.StatusCode.UNAVAILABLE, "Redis Cluster is failing over; retry shortly"
     if isinstance(exc, redis_errors.BusyLoadingError):
         return grpc.StatusCode.UNAVAILABLE, "Redis is loading its dataset; retry later"
     log.exception("unexpected error", exc_info=exc)

@@ -1,6 +1,6 @@
 """Wake-ups: local broadcasts plus a Redis pub/sub listener for other replicas.
 
-Scripts publish "<shard prefix> ready" when an empty ready list gets jobs and
+Scripts publish "<shard prefix> ready <count>" when an empty ready list gets jobs and
 "<shard prefix> due <ms>" when a shard's earliest due time moves earlier. Every
 replica listens, so a job enqueued through one server wakes the promoter and
 the idle Consume streams of all of them. Pub/sub is at-most-once: every
@@ -17,15 +17,16 @@ import logging
 from collections import defaultdict
 from collections.abc import Callable
 
-import redis.asyncio as aioredis
 from redis.asyncio.client import PubSub
 
+from delayq_server.redis_client import RedisClient
 from delayq_server.store.keys import EVENTS_CHANNEL, server_channel
 
 log = logging.getLogger(__name__)
 
 READY = "ready"  # jobs arrived in an empty ready list
 DUE = "due"  # the earliest due time moved earlier (or leases were reaped)
+LEASE = "lease"  # a claim made a lease that ends before every other lease of the shard
 
 # A subscriber that has not answered a PING within PONG_DEADLINE_S is treated as
 # dead (half-open socket, killed connection) and replaced: events may be lost
@@ -45,8 +46,15 @@ class EventHub:
 
     def __init__(self) -> None:
         self._subs: dict[tuple[str, str], set[asyncio.Event]] = defaultdict(set)
-        # Called for an event nobody here waits for (a stopped shard's "due").
+        self._handlers: dict[str, list[Callable[[str, str], None]]] = defaultdict(list)
+        # Called for an event no loop here waits for (a stopped shard's "due").
         self.on_unheard: Callable[[str, str], None] = lambda kind, tag: None
+
+    def listen(self, kind: str, handler: Callable[[str, str], None]) -> None:
+        """Calls ``handler(tag, detail)`` for every event of ``kind`` (the
+        dispatcher's ready board decides which streams to wake); ``detail`` is
+        the rest of the message, e.g. the count of a "ready" event."""
+        self._handlers[kind].append(handler)
 
     def subscribe(self, kind: str, tag: str, event: asyncio.Event) -> None:
         self._subs[(kind, tag)].add(event)
@@ -58,13 +66,14 @@ class EventHub:
             if not subs:
                 del self._subs[(kind, tag)]
 
-    def fire(self, kind: str, tag: str) -> None:
+    def fire(self, kind: str, tag: str, detail: str = "") -> None:
         subs = self._subs.get((kind, tag))
+        for event in subs or ():
+            event.set()
+        for handler in self._handlers.get(kind, ()):
+            handler(tag, detail)
         if not subs:
             self.on_unheard(kind, tag)
-            return
-        for event in subs:
-            event.set()
 
 
 class PubSubListener:
@@ -72,18 +81,20 @@ class PubSubListener:
 
     def __init__(
         self,
-        client: aioredis.Redis,
+        client: RedisClient,
         hub: EventHub,
         server_id: str,
         on_credit: Callable[[list[str]], None],
         on_subscribed: Callable[[], None] = lambda: None,
         on_keep: Callable[[list[str]], None] = lambda nonces: None,
+        on_expired: Callable[[list[str]], None] = lambda nonces: None,
     ) -> None:
         self._client = client
         self._hub = hub
         self._server_id = server_id
         self._on_credit = on_credit
         self._on_keep = on_keep
+        self._on_expired = on_expired
         self._on_subscribed = on_subscribed
         self._task: asyncio.Task[None] | None = None
         self.ready = asyncio.Event()
@@ -145,7 +156,9 @@ class PubSubListener:
                 self._on_credit(rest.split())
             elif kind == "keep":
                 self._on_keep(rest.split())
+            elif kind == "expired":
+                self._on_expired(rest.split())
             return
         prefix, _, rest = text.partition(" ")
-        kind = rest.split(" ", 1)[0]
-        self._hub.fire(kind, tag_of(prefix))
+        kind, _, detail = rest.partition(" ")
+        self._hub.fire(kind, tag_of(prefix), detail)

@@ -18,7 +18,7 @@ from delayq_server.dispatcher import Dispatcher
 from delayq_server.errors import InvalidArgument, NotFound
 from delayq_server.quotas import Quotas
 from delayq_server.release_service import ReleaseServicer
-from delayq_server.store import AckOutcome, JobSpec, ShardKeys, Store, UnknownJob
+from delayq_server.store import AckOutcome, JobSpec, ShardKeys, StaleLease, Store, UnknownJob
 from delayq_server.telemetry import Telemetry
 from delayq_server.timers.manager import Timers
 
@@ -161,7 +161,10 @@ class DelayQueueService(ReleaseServicer, service_pb2_grpc.DelayQueueServiceServi
             if ttls:
                 self._timers.expect_expiry(keys, min(ttls))
 
-        await asyncio.gather(*(run(k, v) for k, v in groups.items()))
+        if len(groups) == 1:  # a unary call: no task for gather to make
+            await run(*next(iter(groups.items())))
+        else:
+            await asyncio.gather(*(run(k, v) for k, v in groups.items()))
         return [r for r in out if r is not None]
 
     # -- RPCs ---------------------------------------------------------------------------
@@ -289,9 +292,10 @@ class DelayQueueService(ReleaseServicer, service_pb2_grpc.DelayQueueServiceServi
                 codes[i] = code
 
         await asyncio.gather(*(run(k, v) for k, v in by_shard.items()))
-        await self._dispatcher.credit(
-            [t for t, c in zip(tokens, codes, strict=True) if c == AckOutcome.ACKED]
-        )
+        # Every answered delivery frees its stream's slot, a stale or unknown one
+        # too: the client is done with it (Dispatcher.on_reaped keeps the slot of
+        # a lease that ran out until then).
+        await self._dispatcher.credit(tokens)
         if self._tel.enabled:
             self._tel.on_acked([_ACK_NAME[c] for c in codes])
         return service_pb2.AckResponse(results=[_ACK_RESULT[c] for c in codes])
@@ -302,13 +306,17 @@ class DelayQueueService(ReleaseServicer, service_pb2_grpc.DelayQueueServiceServi
     ) -> service_pb2.NackResponse:
         token = validation.token("lease_token", request.lease_token)
         delay = validation.nack_delay(request)
-        outcome = await self._store.nack(
-            token.keys,
-            token.ref,
-            delay_ms=delay,
-            dead_letter=request.dead_letter,
-            reason=request.reason,
-        )
+        try:
+            outcome = await self._store.nack(
+                token.keys,
+                token.ref,
+                delay_ms=delay,
+                dead_letter=request.dead_letter,
+                reason=request.reason,
+            )
+        except (StaleLease, UnknownJob):
+            await self._dispatcher.credit([token])  # answered, even if stale: slot free
+            raise
         await self._dispatcher.credit([token])
         resp = service_pb2.NackResponse(state=int(outcome.state))  # type: ignore[arg-type]
         if outcome.due_ms:
@@ -321,7 +329,11 @@ class DelayQueueService(ReleaseServicer, service_pb2_grpc.DelayQueueServiceServi
     ) -> service_pb2.ExtendLeaseResponse:
         token = validation.token("lease_token", request.lease_token)
         ext = validation.extension(request)
-        deadline = await self._store.extend(token.keys, token.ref, ext)
+        try:
+            deadline = await self._store.extend(token.keys, token.ref, ext)
+        except (StaleLease, UnknownJob):
+            await self._dispatcher.credit([token])  # the client learns it lost the lease
+            raise
         # A closed stream in its release grace must not release an extended lease.
         await self._dispatcher.keep([token])
         return service_pb2.ExtendLeaseResponse(lease_deadline=convert.ts(deadline))

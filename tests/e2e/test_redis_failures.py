@@ -10,6 +10,7 @@ import pytest
 import redis
 
 from delayq.v1 import service_pb2
+from tests.support.digest import data_keys
 from tests.support.servers import DelayqProcess, ManagedRedis, free_port
 
 REQ = service_pb2.EnqueueRequest(queue="q", payload=b"x" * 1000)
@@ -57,13 +58,13 @@ def test_out_of_memory_is_resource_exhausted_and_writes_nothing(own_redis: Manag
     with DelayqProcess(own_redis.url) as server, server.channel() as ch:
         stub = server.stub(ch)
         stub.Enqueue(REQ)
-        before = client.dbsize()
+        before = data_keys(client)
         client.config_set("maxmemory", "1")
         try:
             with pytest.raises(grpc.RpcError) as err:
                 stub.Enqueue(REQ, timeout=10)
             assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-            assert client.dbsize() == before
+            assert data_keys(client) == before
         finally:
             client.config_set("maxmemory", "0")
         stub.Enqueue(REQ, timeout=10)

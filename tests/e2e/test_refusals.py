@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ import redis
 from google.protobuf import duration_pb2, timestamp_pb2
 
 from delayq.v1 import job_pb2, service_pb2
+from tests.support.digest import redis_digest
 from tests.support.rpc import Stub, in_seconds, ms
 from tests.support.servers import DelayqProcess, ManagedRedis
 
@@ -36,16 +36,6 @@ def isolated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stub, r
         stub.Enqueue(E(queue="known", payload=b"x", delay=ms(3_600_000)))
         yield stub, client
         client.close()
-
-
-def _digest(client: redis.Redis) -> str:
-    h = hashlib.sha256()
-    keys: list[bytes] = client.keys("*")  # type: ignore[assignment]
-    for key in sorted(keys):
-        h.update(key)
-        dumped: bytes | None = client.dump(key)
-        h.update(dumped or b"")
-    return h.hexdigest()
 
 
 CASES: list[tuple[str, str, Any, grpc.StatusCode, str]] = [
@@ -125,7 +115,7 @@ def test_refusal(
     isolated: tuple[Stub, redis.Redis], rpc: str, request_: Any, code: grpc.StatusCode, field: str
 ) -> None:
     stub, client = isolated
-    before = _digest(client)
+    before = redis_digest(client)
     call: Callable[..., Any] = getattr(stub, rpc)
     with pytest.raises(grpc.RpcError) as err:
         result = call(request_, timeout=10)
@@ -133,4 +123,4 @@ def test_refusal(
             next(iter(result))
     assert err.value.code() == code, err.value.details()
     assert (err.value.details() or "").startswith(field), err.value.details()
-    assert _digest(client) == before
+    assert redis_digest(client) == before

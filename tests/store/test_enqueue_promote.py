@@ -115,7 +115,7 @@ async def test_enqueue_publishes_wakeups(store: Store, shard: Shard) -> None:
         while (m := await ps.get_message(timeout=0.5)) is not None:
             got.append(m["data"].decode())
     prefix = shard.keys.prefix
-    assert got == [f"{prefix} due {T0 + 5_000}", f"{prefix} ready"]
+    assert got == [f"{prefix} due {T0 + 5_000}", f"{prefix} ready 1"]
 
 
 async def test_headers_and_payload_round_trip(store: Store, shard: Shard) -> None:
@@ -136,3 +136,22 @@ async def test_redis_time_is_the_default_clock(store: Store, shard: Shard) -> No
     redis_now = await store.time_ms()
     (r,), now = await store.enqueue(shard.keys, [spec(delay_ms=0)])
     assert abs(now - redis_now) < 1_000 and r.due_ms == now
+
+
+async def test_a_full_batch_is_stored_in_bounded_chunks(store: Store, shard: Shard) -> None:
+    """1,000 jobs are 10 script calls of 100, not one long one that stalls Redis;
+    results keep the input order across chunks."""
+    from delayq_server.store.store import ENQUEUE_CHUNK
+
+    jobs = [spec(delay_ms=1000 + i) for i in range(1000)]
+    await shard.ready()  # the script is loaded: no NOSCRIPT retry counted below
+    before = await _script_calls(store)
+    results, _ = await store.enqueue(shard.keys, jobs, T0)
+    assert await _script_calls(store) - before == 1000 // ENQUEUE_CHUNK
+    assert [r.job_id for r in results] == [j.job_id for j in jobs]
+    assert [r.due_ms for r in results] == [T0 + 1000 + i for i in range(1000)]
+
+
+async def _script_calls(store: Store) -> int:
+    stats = await store.redis.info("commandstats")
+    return sum(int(stats.get(c, {}).get("calls", 0)) for c in ("cmdstat_evalsha", "cmdstat_eval"))

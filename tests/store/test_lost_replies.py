@@ -9,7 +9,7 @@ from typing import cast
 import pytest
 import redis.asyncio as aioredis
 
-from delayq_server.app import redis_client
+from delayq_server.redis_client import connect as redis_client
 from delayq_server.store import AckOutcome, JobState, LeaseRef, Store, UnknownJob, scripts
 from tests.support.proxy import LossyProxy
 from tests.support.seed import KEYS, T0, Shard, spec

@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis.asyncio as aioredis
-
 from delayq_server.ids import new_job_id
+from delayq_server.redis_client import RedisClient
 from delayq_server.store import JobSpec, LeaseRef, ShardKeys, Store
 
 T0 = 1_800_000_000_000  # a fixed "now" for scripts, in ms
@@ -89,7 +88,7 @@ class Shard:
 
     async def snapshot(self) -> dict[str, Any]:
         """Every structure of the shard, for before/after comparisons."""
-        r: aioredis.Redis = self.store.redis
+        r: RedisClient = self.store.redis
         k = self.keys
         bucket_keys = sorted(_text(x) for x in await r.keys(k.prefix + "b:*"))
         return {

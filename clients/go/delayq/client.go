@@ -24,6 +24,7 @@ type Client struct {
 	conn      *grpc.ClientConn // owned (closed by Close) only when Dial made it
 	rpc       delayqv1.DelayQueueServiceClient
 	namespace string
+	batch     *batcher // nil: one Enqueue RPC per call
 }
 
 // Dial connects to target ("127.0.0.1:50051", "dns:///delayq:50051").
@@ -42,9 +43,28 @@ func Dial(target string, opts ...grpc.DialOption) (*Client, error) {
 	return c, nil
 }
 
-// New wraps a connection the caller owns; Close does not close it.
+// New wraps a connection the caller owns; Close does not close it (but
+// sends the enqueues still gathering).
+//
+// Batching is on: concurrent Enqueue calls travel together in one
+// EnqueueBatch RPC, each caller still getting its own answer; a call made
+// while no batch RPC is in flight goes out at once. See BatchSettings and
+// WithBatching.
 func New(cc grpc.ClientConnInterface) *Client {
-	return &Client{rpc: delayqv1.NewDelayQueueServiceClient(cc)}
+	rpc := delayqv1.NewDelayQueueServiceClient(cc)
+	return &Client{rpc: rpc, batch: newBatcher(rpc, BatchSettings{})}
+}
+
+// WithBatching returns a copy of the client whose Enqueue calls gather per
+// s (s.Disabled: one Enqueue RPC per call). Close the copy too: it flushes
+// its own batches.
+func (c *Client) WithBatching(s BatchSettings) *Client {
+	cp := *c
+	cp.batch = nil
+	if !s.Disabled {
+		cp.batch = newBatcher(c.rpc, s)
+	}
+	return &cp
 }
 
 // WithNamespace returns a copy of the client that sends every request to ns
@@ -58,8 +78,12 @@ func (c *Client) WithNamespace(ns string) *Client {
 // Service is the generated client, for the RPCs this package does not wrap.
 func (c *Client) Service() delayqv1.DelayQueueServiceClient { return c.rpc }
 
-// Close closes the connection if Dial opened it.
+// Close sends the enqueues still gathering, waits for their answers, and
+// closes the connection if Dial opened it.
 func (c *Client) Close() error {
+	if c.batch != nil {
+		c.batch.close()
+	}
 	if c.conn == nil {
 		return nil
 	}
@@ -120,9 +144,15 @@ func (c *Client) EnqueueRequest(queue string, payload []byte, opts ...EnqueueOpt
 }
 
 // Enqueue stores one job and returns the server's answer (job id, due time,
-// and whether an idempotency key matched an earlier job).
+// and whether an idempotency key matched an earlier job). With batching on
+// (the default) it may travel in one EnqueueBatch with concurrent calls; a
+// refusal of this job comes back as its own status error either way.
 func (c *Client) Enqueue(ctx context.Context, queue string, payload []byte, opts ...EnqueueOption) (*delayqv1.EnqueueResponse, error) {
-	return c.rpc.Enqueue(ctx, c.EnqueueRequest(queue, payload, opts...))
+	req := c.EnqueueRequest(queue, payload, opts...)
+	if c.batch == nil {
+		return c.rpc.Enqueue(ctx, req)
+	}
+	return c.batch.enqueue(ctx, req)
 }
 
 // ErrLeaseLost is reported (through ConsumeOptions.OnError) when the server

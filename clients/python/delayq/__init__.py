@@ -1,6 +1,7 @@
 """delayq: Python client, asyncio client and worker runtime for the delayq job queue."""
 
 from delayq._backoff import Backoff
+from delayq._batcher import Batching
 from delayq._common import DeadPage
 from delayq.aio import AsyncClient
 from delayq.client import Client
@@ -29,6 +30,7 @@ from delayq.worker import Worker, WorkerStats
 __all__ = [
     "AsyncClient",
     "Backoff",
+    "Batching",
     "Client",
     "DeadLetter",
     "DeadPage",

@@ -12,7 +12,14 @@ from delayq.errors import DelayqError, EnqueueBatchError, from_status
 from delayq.models import EnqueueResult, Job
 from delayq.v1 import service_pb2
 
-__all__ = ["AckOutcome", "DeadPage", "ReleaseOutcome", "chunk_requests", "collect_batch"]
+__all__ = [
+    "AckOutcome",
+    "DeadPage",
+    "ReleaseOutcome",
+    "batch_outcomes",
+    "chunk_requests",
+    "collect_batch",
+]
 
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE})
 
@@ -76,6 +83,24 @@ def collect_batch(
             results.append(None)
         else:
             results.append(_convert.enqueue_result(item.response))
+
+
+def batch_outcomes(
+    response: service_pb2.EnqueueBatchResponse, count: int
+) -> list[EnqueueResult | DelayqError]:
+    """One EnqueueBatch response -> one result or error per request, index-aligned."""
+    if len(response.results) != count:
+        err = from_status(
+            grpc.StatusCode.INTERNAL,
+            f"EnqueueBatch answered {len(response.results)} results for {count} jobs",
+        )
+        return [err] * count
+    return [
+        from_status(item.error.code, item.error.message)
+        if item.HasField("error")
+        else _convert.enqueue_result(item.response)
+        for item in response.results
+    ]
 
 
 def finish_batch(

@@ -17,6 +17,7 @@ from grpc import aio
 
 from delayq import _convert
 from delayq._backoff import Backoff
+from delayq._batcher import AsyncBatcher, Batching, Outcome, resolve
 from delayq._channel import (
     DEFAULT_TARGET,
     MAX_BATCH_BYTES,
@@ -28,12 +29,13 @@ from delayq._common import (
     RETRYABLE,
     DeadPage,
     all_idempotent,
+    batch_outcomes,
     chunk_requests,
     collect_batch,
     finish_batch,
 )
 from delayq._convert import DurationLike
-from delayq.errors import DelayqError, from_rpc_error
+from delayq.errors import DeadlineExceededError, DelayqError, from_rpc_error
 from delayq.models import Delivery, EnqueueResult, Job, JobState, QueueStats, RetryPolicy
 from delayq.serializers import JsonSerializer, Serializer
 from delayq.v1 import service_pb2, service_pb2_grpc
@@ -48,7 +50,13 @@ class AsyncClient:
 
     Same behaviour as `delayq.Client` (deadlines, retries on UNAVAILABLE where
     a repeat is safe, DelayqError subclasses). Create it inside a running loop
-    and use ``async with``, or `await close()`.
+    and use ``async with``, or `await close()` (which sends what is gathering).
+
+    `batching` is on by default: concurrent `enqueue` calls travel together in
+    one EnqueueBatch call, each still getting its own result or error. A call
+    made while no batch call is in flight goes out after the current loop turn,
+    so a lone caller waits no longer; see `delayq.Batching`. Pass
+    ``batching=False`` for one Enqueue call per job.
     """
 
     def __init__(
@@ -64,6 +72,7 @@ class AsyncClient:
         token: str | None = None,
         options: Sequence[tuple[str, Any]] = (),
         channel: aio.Channel | None = None,
+        batching: Batching | bool | None = None,
     ) -> None:
         self.namespace = namespace
         self.timeout = timeout
@@ -81,6 +90,8 @@ class AsyncClient:
             )
         self._channel = channel
         self._stub = service_pb2_grpc.DelayQueueServiceStub(channel)
+        settings = resolve(batching, default=True)
+        self._batcher = None if settings is None else AsyncBatcher(self._send_enqueues, settings)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -89,7 +100,9 @@ class AsyncClient:
         await self.close()
 
     async def close(self) -> None:
-        """Close the channel (when the client created it)."""
+        """Send the enqueues still gathering, then close the channel (when the client made it)."""
+        if self._batcher is not None:
+            await self._batcher.close()
         if self._own_channel:
             await self._channel.close(None)
 
@@ -152,10 +165,42 @@ class AsyncClient:
             headers=headers,
             idempotency_key=idempotency_key,
         )
-        resp = await self._call(
-            self._stub.Enqueue, req, idempotent=bool(idempotency_key), timeout=timeout
+        if self._batcher is None:
+            resp = await self._call(
+                self._stub.Enqueue, req, idempotent=bool(idempotency_key), timeout=timeout
+            )
+            return _convert.enqueue_result(resp)
+        fut = self._batcher.submit(req, self.timeout if timeout is None else timeout)
+        if timeout is None:  # the batch call's own deadline bounds the wait
+            result: EnqueueResult = await fut
+            return result
+        try:
+            async with asyncio.timeout(timeout):
+                result = await fut
+        except TimeoutError:
+            raise DeadlineExceededError(f"enqueue took longer than {timeout} s") from None
+        return result
+
+    async def _send_enqueues(
+        self, requests: list[service_pb2.EnqueueRequest], timeout: float
+    ) -> list[Outcome]:
+        """The batcher's sender: one Enqueue for a lone job, else one EnqueueBatch."""
+        idempotent = all_idempotent(requests)
+        if len(requests) == 1:
+            try:
+                resp = await self._call(
+                    self._stub.Enqueue, requests[0], idempotent=idempotent, timeout=timeout
+                )
+            except DelayqError as err:
+                return [err]
+            return [_convert.enqueue_result(resp)]
+        batch = await self._call(
+            self._stub.EnqueueBatch,
+            service_pb2.EnqueueBatchRequest(requests=requests),
+            idempotent=idempotent,
+            timeout=timeout,
         )
-        return _convert.enqueue_result(resp)
+        return batch_outcomes(batch, len(requests))
 
     async def enqueue_many(
         self,

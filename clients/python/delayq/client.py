@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
@@ -11,6 +12,7 @@ import grpc
 
 from delayq import _convert
 from delayq._backoff import Backoff
+from delayq._batcher import Batching, Outcome, ThreadBatcher, resolve
 from delayq._channel import (
     DEFAULT_TARGET,
     MAX_BATCH_BYTES,
@@ -22,12 +24,13 @@ from delayq._common import (
     RETRYABLE,
     DeadPage,
     all_idempotent,
+    batch_outcomes,
     chunk_requests,
     collect_batch,
     finish_batch,
 )
 from delayq._convert import DurationLike
-from delayq.errors import DelayqError, from_rpc_error
+from delayq.errors import DeadlineExceededError, DelayqError, from_rpc_error
 from delayq.models import Delivery, EnqueueResult, Job, JobState, QueueStats, RetryPolicy
 from delayq.serializers import JsonSerializer, Serializer
 from delayq.v1 import service_pb2, service_pb2_grpc
@@ -46,7 +49,13 @@ class Client:
     up to `retry_deadline` seconds; other calls raise at once. Errors are raised
     as `delayq.errors.DelayqError` subclasses named for the gRPC status.
 
-    Use as a context manager, or call `close()`.
+    `batching` gathers concurrent `enqueue` calls from many threads into
+    EnqueueBatch calls (`delayq.Batching`; True for the defaults). It is off
+    here by default: it needs a collector thread and helps only callers that
+    enqueue from several threads at once. Each call still gets its own result
+    or error.
+
+    Use as a context manager, or call `close()` (which sends what is gathering).
     """
 
     def __init__(
@@ -62,6 +71,7 @@ class Client:
         token: str | None = None,
         options: Sequence[tuple[str, Any]] = (),
         channel: grpc.Channel | None = None,
+        batching: Batching | bool | None = None,
     ) -> None:
         self.namespace = namespace
         self.timeout = timeout
@@ -79,6 +89,8 @@ class Client:
             )
         self._channel = channel
         self._stub = service_pb2_grpc.DelayQueueServiceStub(channel)
+        settings = resolve(batching, default=False)
+        self._batcher = None if settings is None else ThreadBatcher(self._send_enqueues, settings)
 
     def __enter__(self) -> Client:
         return self
@@ -87,7 +99,9 @@ class Client:
         self.close()
 
     def close(self) -> None:
-        """Close the channel (when the client created it)."""
+        """Send the enqueues still gathering, then close the channel (when the client made it)."""
+        if self._batcher is not None:
+            self._batcher.close()
         if self._own_channel:
             self._channel.close()
 
@@ -154,10 +168,38 @@ class Client:
             headers=headers,
             idempotency_key=idempotency_key,
         )
-        resp = self._call(
-            self._stub.Enqueue, req, idempotent=bool(idempotency_key), timeout=timeout
+        if self._batcher is None:
+            resp = self._call(
+                self._stub.Enqueue, req, idempotent=bool(idempotency_key), timeout=timeout
+            )
+            return _convert.enqueue_result(resp)
+        fut = self._batcher.submit(req, self.timeout if timeout is None else timeout)
+        try:
+            result: EnqueueResult = fut.result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise DeadlineExceededError(f"enqueue took longer than {timeout} s") from None
+        return result
+
+    def _send_enqueues(
+        self, requests: list[service_pb2.EnqueueRequest], timeout: float
+    ) -> list[Outcome]:
+        """The batcher's sender: one Enqueue for a lone job, else one EnqueueBatch."""
+        idempotent = all_idempotent(requests)
+        if len(requests) == 1:
+            try:
+                resp = self._call(
+                    self._stub.Enqueue, requests[0], idempotent=idempotent, timeout=timeout
+                )
+            except DelayqError as err:
+                return [err]
+            return [_convert.enqueue_result(resp)]
+        batch = self._call(
+            self._stub.EnqueueBatch,
+            service_pb2.EnqueueBatchRequest(requests=requests),
+            idempotent=idempotent,
+            timeout=timeout,
         )
-        return _convert.enqueue_result(resp)
+        return batch_outcomes(batch, len(requests))
 
     def enqueue_many(
         self,

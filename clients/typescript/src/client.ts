@@ -10,6 +10,7 @@ import {
   type EnqueueRequest,
   type EnqueueResponse,
 } from "./gen/delayq/v1/service_pb.js";
+import { Batcher, type BatchOptions } from "./batcher.js";
 import { work, type Handler, type WorkOptions } from "./worker.js";
 
 /** How to reach the server. */
@@ -20,6 +21,11 @@ export interface ClientOptions {
   namespace?: string;
   /** A transport of your own (TLS, interceptors); `address` is then ignored. */
   transport?: Transport;
+  /**
+   * Batching of concurrent enqueue() calls into EnqueueBatch calls: on by default (a call made
+   * while no batch call is in flight still goes out at once); `false` sends one Enqueue per call.
+   */
+  batching?: BatchOptions | boolean;
 }
 
 /** Optional fields of one job. */
@@ -54,10 +60,18 @@ export class DelayQClient {
   /** The generated client: every RPC of delayq.v1.DelayQueueService. */
   readonly service: DelayQueueServiceClient;
   readonly namespace: string;
+  private readonly batcher: Batcher | undefined;
 
   constructor(options: ClientOptions) {
     this.service = createClient(DelayQueueService, options.transport ?? grpcTransport(options.address));
     this.namespace = options.namespace ?? "";
+    const batching = options.batching ?? true;
+    this.batcher = batching === false ? undefined : new Batcher(this.service, batching === true ? {} : batching);
+  }
+
+  /** Sends the enqueues still gathering and waits for their answers. */
+  close(): Promise<void> {
+    return this.batcher?.close() ?? Promise.resolve();
   }
 
   /** Builds the EnqueueRequest that enqueue() sends; useful for enqueueBatch. */
@@ -81,10 +95,16 @@ export class DelayQClient {
     return req;
   }
 
-  /** Stores one job; resolves to the server's answer (jobId, dueTime, duplicate). */
+  /**
+   * Stores one job; resolves to the server's answer (jobId, dueTime, duplicate). With batching
+   * (the default) it may travel in one EnqueueBatch with concurrent calls; a refusal of this job
+   * still rejects this call alone, with its own ConnectError.
+   */
   enqueue(queue: string, payload: Uint8Array | string, options: EnqueueOptions = {}): Promise<EnqueueResponse> {
+    const req = this.enqueueRequest(queue, payload, options);
+    if (this.batcher !== undefined) return this.batcher.enqueue(req, options.signal);
     const call = options.signal === undefined ? {} : { signal: options.signal };
-    return this.service.enqueue(this.enqueueRequest(queue, payload, options), call);
+    return this.service.enqueue(req, call);
   }
 
   /**

@@ -4,6 +4,7 @@ import { randomUUID } from "node:crypto";
 import { test } from "node:test";
 
 import { ConnectError, Code } from "@connectrpc/connect";
+import { createGrpcTransport } from "@connectrpc/connect-node";
 import { timestampMs } from "@bufbuild/protobuf/wkt";
 
 import { DelayQClient, JobState, ReleaseResult, retryAfter, type Delivery, type WorkOptions } from "../src/index.js";
@@ -184,4 +185,34 @@ test("release gives a delivery back uncounted; a handler running at shutdown sti
   await withDeadline(loop, 20_000, "shutdown");
   assert.deepEqual(errors, []);
   await eventually(() => isSettled(queue, jobId), 5_000, "job acked");
+});
+
+test("concurrent enqueues travel in few RPCs and each caller gets its own answer", async () => {
+  let rpcs = 0;
+  const transport = createGrpcTransport({
+    baseUrl: `http://${address}`,
+    interceptors: [
+      (next) => (req) => {
+        rpcs++;
+        return next(req);
+      },
+    ],
+  });
+  const counted = new DelayQClient({ address: address, transport });
+  const queue = queueName();
+  const outcomes = await Promise.allSettled(
+    Array.from({ length: 200 }, (_, i) => counted.enqueue(i % 50 === 7 ? "bad{name}" : queue, `job ${i}`)),
+  );
+  await counted.close();
+  const refused = outcomes.flatMap((o, i) => (o.status === "rejected" ? [i] : []));
+  assert.deepEqual(refused, [7, 57, 107, 157]);
+  for (const i of refused) {
+    const o = outcomes[i]!;
+    assert.ok(o.status === "rejected" && o.reason instanceof ConnectError && o.reason.code === Code.InvalidArgument);
+  }
+  const ids = new Set(outcomes.flatMap((o) => (o.status === "fulfilled" ? [o.value.jobId] : [])));
+  assert.equal(ids.size, 196);
+  assert.ok(rpcs <= 2, `200 concurrent enqueues made ${rpcs} RPCs`);
+  const stats = await client.service.getQueueStats({ queue });
+  assert.equal(stats.stats?.enqueuedTotal, 196n);
 });

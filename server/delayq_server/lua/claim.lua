@@ -6,8 +6,9 @@
 -- KEYS[5] dead    ZSET  job id -> time of death ms
 -- ARGV[1] prefix, ARGV[2] now ms ('' = Redis TIME), ARGV[3] count (<= 500),
 -- ARGV[4] lease ms, ARGV[5] nonce prefix (the stream's; a counter is appended),
--- ARGV[6] randomness: 16 hex chars per job (count * 16), from the server's CSPRNG,
--- ARGV[7] events MAXLEN, always the last argument (0 = off; lua/includes/events.lua)
+-- ARGV[6] events channel (publishes "<prefix> lease <deadline>" for the reaper),
+-- ARGV[7] randomness: 16 hex chars per job (count * 16), from the server's CSPRNG,
+-- ARGV[8] events MAXLEN, always the last argument (0 = off; lua/includes/events.lua)
 -- Returns: {now, then per leased job: id, nonce, packed record}
 -- Each lease gets a fresh nonce stored in the record: that is the fence that
 -- makes Ack/Nack/ExtendLease with an older token fail. The nonce ends in 64
@@ -20,7 +21,7 @@
 -- kept for the replay, never the records (payloads can be large).
 local k_ready, k_leased, k_stats, k_exp, k_dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local prefix, count, lease, nonce_prefix = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
-local random = ARGV[6]
+local channel, random = ARGV[6], ARGV[7]
 -- @include record
 -- @include events
 -- @include replay
@@ -49,6 +50,7 @@ local kept = {now}
 local ids = redis.call('RPOP', k_ready, count)
 -- Nothing leased: a re-run is a fresh claim, harmless, so nothing is kept.
 if not ids then return out end
+local head = redis.call('ZRANGE', k_leased, 0, 0, 'WITHSCORES')
 for i, id in ipairs(ids) do
   local rec = load(prefix, id)
   if rec then
@@ -77,6 +79,11 @@ for i, id in ipairs(ids) do
       table.insert(kept, nonce)
     end
   end
+end
+-- The shard's reaper (on whichever replica owns the shard) sleeps until the
+-- earliest deadline it knows: tell it when this claim made an earlier one.
+if #out > 1 and (not head[2] or now + lease < tonumber(head[2])) then
+  redis.call('PUBLISH', channel, prefix .. ' lease ' .. string.format('%d', now + lease))
 end
 if #kept > 1 then replay_put(kept) end
 return out

@@ -36,6 +36,6 @@ for _, id in ipairs(ids) do
   end
 end
 if action == 'redrive' and done > 0 and was_empty then
-  redis.call('PUBLISH', channel, prefix .. ' ready')
+  redis.call('PUBLISH', channel, prefix .. ' ready ' .. done)
 end
 return done, done > 0

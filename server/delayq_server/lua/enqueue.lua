@@ -88,7 +88,7 @@ for i = 0, n - 1 do
   end
 end
 if stored > 0 then redis.call('HINCRBY', k_stats, 'enqueued', stored) end
-if pushed > 0 and was_empty then redis.call('PUBLISH', channel, prefix .. ' ready') end
+if pushed > 0 and was_empty then redis.call('PUBLISH', channel, prefix .. ' ready ' .. pushed) end
 if earliest and (head_due == nil or earliest < head_due) then
   redis.call('PUBLISH', channel, prefix .. ' due ' .. string.format('%d', earliest))
 end

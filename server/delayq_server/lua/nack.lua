@@ -31,7 +31,7 @@ local was_empty = redis.call('LLEN', k_ready) == 0
 local to_ready = to_retry(prefix, k_index, k_ready, k_stats, width, id, rec, now, delay, reason)
 emit(prefix, 'nacked', id, now, rec, reason)
 if to_ready == 1 then
-  if was_empty then redis.call('PUBLISH', channel, prefix .. ' ready') end
+  if was_empty then redis.call('PUBLISH', channel, prefix .. ' ready 1') end
   -- The contract answers SCHEDULED (retry at due time) or DEAD; a retry due
   -- now is a schedule whose due time is now, even though it waits in ready.
   return {1, S_SCHEDULED, now}

@@ -37,7 +37,7 @@ for _ = 1, 64 do
 end
 if moved > 0 then
   redis.call('HINCRBY', k_stats, 'backlog', -moved)
-  if was_empty then redis.call('PUBLISH', ARGV[5], prefix .. ' ready') end
+  if was_empty then redis.call('PUBLISH', ARGV[5], prefix .. ' ready ' .. moved) end
 end
 local head = redis.call('ZRANGE', k_index, 0, 0, 'WITHSCORES')
 local next_due = -1

@@ -38,6 +38,6 @@ end
 out[1] = #ids
 local head = redis.call('ZRANGE', k_leased, 0, 0, 'WITHSCORES')
 if head[2] then out[2] = tonumber(head[2]) end
-if pushed > 0 and was_empty then redis.call('PUBLISH', channel, prefix .. ' ready') end
+if pushed > 0 and was_empty then redis.call('PUBLISH', channel, prefix .. ' ready ' .. pushed) end
 if #ids > 0 then redis.call('PUBLISH', channel, prefix .. ' due 0') end
 return out, #ids > 0

@@ -48,5 +48,5 @@ for i = 0, n - 1 do
     end
   end
 end
-if released > 0 and was_empty then redis.call('PUBLISH', channel, prefix .. ' ready') end
+if released > 0 and was_empty then redis.call('PUBLISH', channel, prefix .. ' ready ' .. released) end
 return out, changed  -- no lease matched: nothing to replay (replay.lua)

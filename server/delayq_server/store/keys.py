@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 QUEUES_KEY = "dq:queues"  # SET of "ns/queue" known to any replica
+REPLICAS_KEY = "dq:replicas"  # ZSET server id -> last heartbeat ms (timer ownership)
 EVENTS_CHANNEL = "dq:events"  # pub/sub: "<shard prefix> ready" | "<shard prefix> due <ms>"
 
 
@@ -106,6 +107,11 @@ class ShardKeys:
     def stats(self) -> str:
         """HASH: counters (enqueued, acked, retried, dead_lettered, expired, backlog)."""
         return self.prefix + "stats"
+
+    @property
+    def owner(self) -> str:
+        """STRING: server id of the replica running this shard's timers (PX lease)."""
+        return self.prefix + "owner"
 
     @property
     def events(self) -> str:

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 
 from delayq_server.store import scripts
@@ -16,6 +15,9 @@ from delayq_server.store.keys import (
     namespace_queues_key,
     queue_meta_key,
 )
+
+if TYPE_CHECKING:
+    from delayq_server.redis_client import RedisClient
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +37,7 @@ def _s(value: Any) -> str:
 class QuotaStore:
     """Quota bookkeeping; every operation is O(1) in Redis but `namespace_jobs`."""
 
-    def __init__(self, client: aioredis.Redis) -> None:
+    def __init__(self, client: RedisClient) -> None:
         self.redis = client
         self._scripts: dict[str, AsyncScript] = {
             name: client.register_script(scripts.source(name)) for name in scripts.QUOTA_NAMES

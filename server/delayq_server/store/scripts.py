@@ -17,8 +17,11 @@ NAMES = (
     "expire",
     "extend",
     "nack",
+    "own",
     "promote",
     "reap",
+    "read",
+    "replicas",
     "release",
 )
 
@@ -29,8 +32,8 @@ RECORDS_EVENTS = frozenset(
 )
 
 # How long a script's reply is kept for a re-sent call (includes/replay.lua).
-# It must outlast the Redis client's retry schedule (app.py: at most
-# REDIS_RETRIES x (backoff cap + connect timeout), about 9 s), with margin;
+# It must outlast the Redis client's retry schedule (redis_client.py: at most
+# RETRIES x (backoff cap + connect timeout) in redis_client.py, about 9 s), with margin;
 # every call's entry costs ~100-200 bytes for this long (docs/decisions.md).
 REPLAY_TTL_MS = 30_000
 
@@ -41,6 +44,9 @@ SELF_GUARDED = frozenset({"claim"})
 # times the calling loop reads again (promote and expire are conditional on
 # Redis' clock). They run often on every replica, so they write no entries.
 NOT_REPLAYED = frozenset({"promote", "expire"})
+# Not replayed either: reads, and liveness scripts whose re-run sets the same
+# lease or heartbeat again (own.lua, replicas.lua: ARGV[1] is no shard prefix).
+NOT_REPLAYED |= {"read", "own", "replicas"}
 REPLAYED = frozenset(NAMES) - NOT_REPLAYED
 # Quota scripts (store/quotas.py) are not replayed either: a re-sent
 # quota_queue or quota_stream is idempotent, and a re-sent quota_rate at worst

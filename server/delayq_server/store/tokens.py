@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-import redis.asyncio as aioredis
+from typing import TYPE_CHECKING, Any
 
 from delayq_server.store.keys import AUTH_BOOTSTRAP_KEY, TOKENS_KEY, token_key
+
+if TYPE_CHECKING:
+    from delayq_server.redis_client import RedisClient
 
 # Listing reads every record: the count is bounded so ListTokens stays one
 # small pipelined read (DESIGN.md promise 7).
@@ -53,7 +54,7 @@ def _decode(token_id: str, raw: Any) -> TokenRecord | None:
 class TokenStore:
     """Token records, keyed by their public id; the secret's hash is in the record."""
 
-    def __init__(self, client: aioredis.Redis) -> None:
+    def __init__(self, client: RedisClient) -> None:
         self.redis = client
 
     async def time_ms(self) -> int:

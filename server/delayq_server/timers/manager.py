@@ -6,6 +6,11 @@ They start again on local activity, on a "due" event for the shard (another
 replica scheduled a job), on a lease taken here, and, for events lost in a
 pub/sub gap, when the periodic refresh finds backlog or leases in a stopped
 shard (one pipelined read for all of them).
+
+Every replica may run loops for a shard, but only the shard's owner lets them
+call Redis (ownership.py): timer work is shared, not repeated. Correctness
+never depends on that: scripts are conditional, ownership only keeps replicas
+from repeating each other's work.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable
 
@@ -20,6 +26,7 @@ from delayq_server import events
 from delayq_server.store import LeaseRef, ShardKeys, Store
 from delayq_server.timers.base import FALLBACK_S
 from delayq_server.timers.janitor import Janitor
+from delayq_server.timers.ownership import Ownership, preferred
 from delayq_server.timers.promoter import Promoter
 from delayq_server.timers.reaper import Reaper
 
@@ -30,14 +37,14 @@ IDLE_STOP_S = 300.0  # an idle queue's loops stop after this long
 
 
 class Timers:
-    """Correctness never depends on these being the only ones: scripts are
-    conditional, so every replica runs them for every active shard."""
+    """Loops for every active shard; each acts only where its shard is owned."""
 
     def __init__(
         self,
         store: Store,
         hub: events.EventHub,
         on_reaped: Callable[[ShardKeys, list[LeaseRef]], None],
+        server_id: str = "",
         fallback_s: float = FALLBACK_S,
         *,
         idle_stop_s: float = IDLE_STOP_S,
@@ -49,9 +56,33 @@ class Timers:
         self._loops: dict[ShardKeys, tuple[Promoter, Reaper]] = {}
         self._queues: dict[tuple[str, str], int] = {}  # every known queue -> shard count
         self._active: dict[tuple[str, str], float] = {}  # queue -> monotonic last activity
-        self._janitor = Janitor(store, self.known_shards)
+        self.server_id = server_id or os.urandom(4).hex()
+        # Ownership is taken for shards whose loops run: stopped (idle) shards
+        # need no timers until activity, an event or the refresh restarts them.
+        self.ownership = Ownership(store, self.server_id, lambda: list(self._loops), self._gained)
+        self._janitor = Janitor(store, self._janitor_shards)
         self._refresher: asyncio.Task[None] | None = None
+        self._adopting: set[asyncio.Task[None]] = set()
         hub.on_unheard = self._unheard
+
+    def _gained(self, keys: ShardKeys) -> None:
+        """A shard became ours: its loops catch up at once."""
+        loops = self._loops.get(keys)
+        if loops is not None:
+            for loop in loops:
+                loop.wake.set()
+        self._janitor.expect(keys, 0)
+
+    def _janitor_shards(self) -> list[ShardKeys]:
+        """Owned shards, and stopped ones this replica is preferred for (TTLs of
+        ready jobs nobody consumes still run out; sweeps are idempotent)."""
+        live = self.ownership.live
+        return [
+            k
+            for k in self.known_shards()
+            if self.ownership.holds(k)
+            or (k not in self._loops and preferred(k, live) == self.server_id)
+        ]
 
     def known_shards(self) -> list[ShardKeys]:
         return [
@@ -73,19 +104,38 @@ class Timers:
         self._start_queue(namespace, queue, shards)
 
     def _start_queue(self, namespace: str, queue: str, shards: int) -> None:
-        for shard in range(shards):
-            self._start(ShardKeys(namespace, queue, shard))
+        new = [
+            keys
+            for keys in (ShardKeys(namespace, queue, s) for s in range(shards))
+            if self._start(keys)
+        ]
+        if new:  # take ownership now, not at the next renewal
+            task = asyncio.create_task(self._adopt(new), name=f"adopt {namespace}/{queue}")
+            self._adopting.add(task)
+            task.add_done_callback(self._adopting.discard)
 
-    def _start(self, keys: ShardKeys) -> None:
+    async def _adopt(self, shards: list[ShardKeys]) -> None:
+        try:
+            await self.ownership.adopt(shards)
+        except Exception as exc:  # the next renewal tries again
+            log.warning("taking timers of new shards: %s", exc)
+
+    def _start(self, keys: ShardKeys) -> bool:
+        """Starts the shard's loops; False when they already run."""
         if keys in self._loops:
-            return
-        promoter = Promoter(self._store, self._hub, keys)
-        reaper = Reaper(self._store, keys, self._on_reaped)
+            return False
+        owns = self._owner_check(keys)
+        promoter = Promoter(self._store, self._hub, keys, owns)
+        reaper = Reaper(self._store, self._hub, keys, self._on_reaped, owns)
         promoter.fallback_s = reaper.fallback_s = self._fallback_s
         promoter.start()
         reaper.start()
         self._loops[keys] = (promoter, reaper)
         self._active.setdefault((keys.namespace, keys.queue), time.monotonic())
+        return True
+
+    def _owner_check(self, keys: ShardKeys) -> Callable[[], bool]:
+        return lambda: self.ownership.holds(keys)
 
     def _unheard(self, kind: str, tag: str) -> None:
         """A wake-up no loop here listens to: a "due" for a stopped shard restarts it."""
@@ -159,6 +209,8 @@ class Timers:
 
     async def start(self) -> None:
         await self.refresh()
+        await self.ownership.tick()  # take free shards before the loops first look
+        self.ownership.start()
         self._janitor.start()
         self._refresher = asyncio.create_task(self._refresh_forever(), name="timers-refresh")
 
@@ -176,6 +228,10 @@ class Timers:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._refresher
         loops = [loop for pair in self._loops.values() for loop in pair]
-        await asyncio.gather(self._janitor.stop(), *(loop.stop() for loop in loops))
+        await asyncio.gather(
+            self._janitor.stop(), self.ownership.stop(), *(loop.stop() for loop in loops)
+        )
+        with contextlib.suppress(Exception):  # best effort: leases also run out alone
+            await self.ownership.give_up()
         self._loops.clear()
         self._queues.clear()

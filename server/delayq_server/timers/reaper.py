@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from delayq_server import events
 from delayq_server.store import LeaseRef, ShardKeys, Store
 from delayq_server.timers.base import Loop
 
@@ -18,13 +19,19 @@ class Reaper(Loop):
     def __init__(
         self,
         store: Store,
+        hub: events.EventHub,
         keys: ShardKeys,
         on_reaped: Callable[[ShardKeys, list[LeaseRef]], None],
+        owns: Callable[[], bool] = lambda: True,
     ) -> None:
         super().__init__()
         self.name = f"reaper {keys.tag}"
-        self._store, self._keys, self._on_reaped = store, keys, on_reaped
+        self._store, self._hub, self._keys = store, hub, keys
+        self._on_reaped, self._owns = on_reaped, owns
         self._wake_at_ms: int | None = None  # Redis-clock ms of the planned re-check
+        # claim.lua announces a lease ending before every other lease of the shard,
+        # so the owner re-plans even for leases taken through another replica.
+        hub.subscribe(events.LEASE, keys.tag, self.wake)
 
     def lease_taken(self, deadline_ms: int) -> None:
         if self._wake_at_ms is None or deadline_ms < self._wake_at_ms:
@@ -32,6 +39,9 @@ class Reaper(Loop):
             self.wake.set()
 
     async def tick(self) -> float | None:
+        if not self._owns():
+            self.idle = True  # nothing for this replica to do here
+            return None  # another replica reaps; woken again when we own the shard
         res = await self._store.reap(self._keys)
         # reap.lua publishes the "ready"/"due" wake-ups for retried jobs.
         if res.reaped:
@@ -43,3 +53,7 @@ class Reaper(Loop):
         if res.next_deadline_ms is None:
             return None
         return max(0.0, (res.next_deadline_ms - res.now_ms) / 1000)
+
+    async def stop(self) -> None:
+        self._hub.unsubscribe(events.LEASE, self._keys.tag, self.wake)
+        await super().stop()

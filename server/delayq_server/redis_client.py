@@ -1,0 +1,68 @@
+"""Builds the server's Redis client: one node, or Redis Cluster by URL scheme.
+
+``redis+cluster://host:port`` (or ``rediss+cluster://``) names any node of a
+cluster; redis-py's cluster client learns the slot map from it and routes each
+script by its first key. Every script's keys share one shard's hash tag
+(docs/design.md, "Redis layout"), so no script ever spans two slots.
+"""
+
+from __future__ import annotations
+
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from delayq_server.store.scripts import REPLAY_TTL_MS
+
+# Both clients expose the same command API; the store takes either.
+RedisClient = aioredis.Redis | RedisCluster
+
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+POOL_SIZE = 64  # per node
+RETRIES = 3
+BACKOFF_CAP_S = 1.0
+CONNECT_TIMEOUT_S = 2.0
+# A re-sent script must still find its first run's reply (store/scripts.py).
+assert RETRIES * (BACKOFF_CAP_S + CONNECT_TIMEOUT_S) * 1000 < REPLAY_TTL_MS / 2
+
+
+def is_cluster(url: str) -> bool:
+    return url.split("://", 1)[0] in CLUSTER_SCHEMES
+
+
+def connect(url: str) -> RedisClient:
+    """A ``redis.asyncio.Redis`` or ``RedisCluster`` (same command API) for ``url``.
+
+    A command that fails on a dropped connection (Redis restarted, failover, a
+    lost reply) is re-sent a few times on a fresh one. Every script carries a
+    request id, so a re-sent script returns its first run's reply instead of
+    running again (docs/decisions.md, "Lost replies"). The pool waits for a free connection:
+    a batch spread over hundreds of queues (one script call per shard,
+    concurrently) queues up instead of failing with "Too many connections".
+    """
+    retry = Retry(ExponentialBackoff(cap=BACKOFF_CAP_S, base=0.05), RETRIES)
+    retry_on = [RedisConnectionError, RedisTimeoutError]
+    scheme, rest = url.split("://", 1)
+    if scheme in CLUSTER_SCHEMES:
+        return RedisCluster.from_url(
+            f"{CLUSTER_SCHEMES[scheme]}://{rest}",
+            decode_responses=False,
+            max_connections=POOL_SIZE,
+            socket_connect_timeout=CONNECT_TIMEOUT_S,
+            retry=retry,
+            retry_on_error=retry_on,
+        )
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url,
+        max_connections=POOL_SIZE,
+        timeout=10,
+        decode_responses=False,
+        health_check_interval=30,
+        socket_connect_timeout=CONNECT_TIMEOUT_S,
+        retry=retry,
+        retry_on_error=retry_on,
+    )
+    return aioredis.Redis.from_pool(pool)

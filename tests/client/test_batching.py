@@ -1,0 +1,221 @@
+"""Client-side batching (issue 12): concurrent enqueues become few calls, each caller its answer."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, cast
+
+import grpc
+import pytest
+from grpc import aio
+
+from delayq import AsyncClient, Batching, Client, InvalidArgumentError, UnavailableError
+from delayq._batcher import AsyncBatcher, Outcome, ThreadBatcher
+from delayq._channel import channel_options
+from delayq.errors import DelayqError
+from delayq.models import EnqueueResult
+from delayq.v1 import service_pb2
+from tests.support.servers import free_port
+
+ENQUEUE = "/delayq.v1.DelayQueueService/Enqueue"
+BATCH = "/delayq.v1.DelayQueueService/EnqueueBatch"
+
+
+class AioCounter(aio.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]
+    """Counts the unary calls a channel makes, by method."""
+
+    def __init__(self) -> None:
+        self.calls: collections.Counter[str] = collections.Counter()
+
+    async def intercept_unary_unary(
+        self, continuation: Callable[..., Any], details: Any, request: Any
+    ) -> Any:
+        method = details.method
+        self.calls[method.decode() if isinstance(method, bytes) else method] += 1
+        return await continuation(details, request)
+
+
+class SyncCounter(grpc.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]
+    """Counts the unary calls a channel makes, by method."""
+
+    def __init__(self) -> None:
+        self.calls: collections.Counter[str] = collections.Counter()
+        self._lock = threading.Lock()
+
+    def intercept_unary_unary(
+        self, continuation: Callable[..., Any], details: Any, request: Any
+    ) -> Any:
+        with self._lock:
+            self.calls[details.method] += 1
+        return continuation(details, request)
+
+
+async def test_concurrent_async_enqueues_travel_in_few_batch_calls(target: str) -> None:
+    counter = AioCounter()
+    channel = aio.insecure_channel(
+        target, options=channel_options(), interceptors=[cast(Any, counter)]
+    )
+    async with AsyncClient(channel=channel) as client:
+        results = await asyncio.gather(*(client.enqueue("q", {"n": i}) for i in range(200)))
+        assert len({r.job_id for r in results}) == 200
+        # 200 calls started in one loop turn: at most max_items (500) per call.
+        assert counter.calls[BATCH] == 1 and counter.calls[ENQUEUE] == 0, counter.calls
+        stats = await client.stats("q")
+        assert stats.enqueued_total == 200
+        jobs = await asyncio.gather(*(client.get("q", r.job_id) for r in results[:3]))
+        assert [j.payload for j in jobs] == [{"n": 0}, {"n": 1}, {"n": 2}]
+    await channel.close(None)
+
+
+async def test_a_lone_async_enqueue_is_a_plain_enqueue_call(target: str) -> None:
+    counter = AioCounter()
+    channel = aio.insecure_channel(
+        target, options=channel_options(), interceptors=[cast(Any, counter)]
+    )
+    async with AsyncClient(channel=channel) as client:
+        for i in range(3):
+            await client.enqueue("q", i)
+    assert counter.calls[ENQUEUE] == 3 and counter.calls[BATCH] == 0, counter.calls
+    await channel.close(None)
+
+
+async def test_each_caller_gets_its_own_refusal(target: str) -> None:
+    async with AsyncClient(target) as client:
+        queues = ["ok", "no:pe", "ok", "also bad!", "ok"]
+        outcomes = await asyncio.gather(
+            *(client.enqueue(q, i) for i, q in enumerate(queues)), return_exceptions=True
+        )
+        assert [type(o).__name__ for o in outcomes] == [
+            "EnqueueResult",
+            "InvalidArgumentError",
+            "EnqueueResult",
+            "InvalidArgumentError",
+            "EnqueueResult",
+        ]
+        assert "queue" in str(outcomes[1])
+        assert (await client.stats("ok")).enqueued_total == 3
+
+
+async def test_a_failed_batch_call_fails_every_caller() -> None:
+    dead = f"127.0.0.1:{free_port()}"  # nothing listens there
+    async with AsyncClient(dead, timeout=5.0, retry_deadline=0.0) as client:
+        outcomes = await asyncio.gather(
+            *(client.enqueue("q", i) for i in range(5)), return_exceptions=True
+        )
+    assert all(isinstance(o, UnavailableError) for o in outcomes), outcomes
+    assert len({id(o) for o in outcomes}) == 5  # one exception object per caller
+
+
+def test_sync_client_batches_calls_from_many_threads(target: str) -> None:
+    counter = SyncCounter()
+    channel = grpc.intercept_channel(
+        grpc.insecure_channel(target, options=channel_options()), counter
+    )
+    client = Client(channel=channel, batching=Batching(max_delay=0.05))
+    start = threading.Barrier(32)
+
+    def one(i: int) -> Outcome:
+        start.wait()
+        try:
+            return client.enqueue("q" if i % 8 else "bad:q", i)
+        except DelayqError as err:
+            return err
+
+    with ThreadPoolExecutor(32) as pool:
+        outcomes = list(pool.map(one, range(32)))
+    client.close()
+    refused = [i for i, o in enumerate(outcomes) if isinstance(o, InvalidArgumentError)]
+    assert refused == [0, 8, 16, 24]
+    assert all(isinstance(o, EnqueueResult) for i, o in enumerate(outcomes) if i % 8)
+    # 32 threads released together: the first call goes alone, the rest gather behind it.
+    calls = counter.calls[ENQUEUE] + counter.calls[BATCH]
+    assert calls < 16, counter.calls
+    with Client(target) as plain:
+        assert plain.stats("q").enqueued_total == 28
+    channel.close()
+
+
+def _requests(n: int) -> list[service_pb2.EnqueueRequest]:
+    return [service_pb2.EnqueueRequest(queue="q", payload=b"%d" % i) for i in range(n)]
+
+
+async def test_async_close_sends_what_is_still_gathering() -> None:
+    release = asyncio.Event()
+    leaving = asyncio.Event()
+    sent: list[int] = []
+
+    async def send(reqs: list[service_pb2.EnqueueRequest], _deadline: float) -> list[Outcome]:
+        sent.append(len(reqs))
+        leaving.set()
+        await release.wait()
+        return [EnqueueResult(job_id=r.payload.decode(), due_time=None) for r in reqs]
+
+    batcher = AsyncBatcher(send, Batching(max_delay=1.0))
+    reqs = _requests(4)
+    first = batcher.submit(reqs[0], 10.0)
+    await leaving.wait()  # the lone job leaves; the others then wait for company
+    rest = [batcher.submit(r, 10.0) for r in reqs[1:]]
+    assert sent == [1]
+    closing = asyncio.ensure_future(batcher.close())
+    for _ in range(50):  # a few loop turns, far less than max_delay
+        await asyncio.sleep(0)
+    assert sent == [1, 3]  # close sent them at once, not after max_delay
+    release.set()
+    await closing
+    assert [f.result().job_id for f in [first, *rest]] == ["0", "1", "2", "3"]
+    with pytest.raises(RuntimeError, match="closed"):
+        batcher.submit(reqs[0], 10.0)
+
+
+def test_thread_close_sends_what_is_still_gathering() -> None:
+    release = threading.Event()
+    sent: list[int] = []
+
+    def send(reqs: list[service_pb2.EnqueueRequest], timeout: float) -> list[Outcome]:
+        sent.append(len(reqs))
+        release.wait()
+        return [EnqueueResult(job_id=r.payload.decode(), due_time=None) for r in reqs]
+
+    # max_delay 1 s: without the flush on close the last three would still wait.
+    batcher = ThreadBatcher(send, Batching(max_delay=1.0))
+    reqs = _requests(4)
+    futures = [batcher.submit(reqs[0], 10.0)]
+    while not sent:
+        threading.Event().wait(0.001)
+    futures += [batcher.submit(r, 10.0) for r in reqs[1:]]
+    closer = threading.Thread(target=batcher.close)
+    closer.start()
+    release.set()
+    closer.join()
+    assert all(f.done() for f in futures)
+    assert [f.result().job_id for f in futures] == ["0", "1", "2", "3"]
+    assert sum(sent) == 4
+
+
+def test_batching_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="max_items"):
+        Batching(max_items=1001)
+    with pytest.raises(ValueError, match="max_bytes"):
+        Batching(max_bytes=8 * 1024 * 1024)
+
+
+def test_an_error_outcome_maps_to_the_client_error_type() -> None:
+    from delayq._common import batch_outcomes
+
+    resp = service_pb2.EnqueueBatchResponse(
+        results=[
+            service_pb2.EnqueueBatchResult(response=service_pb2.EnqueueResponse(job_id="a")),
+            service_pb2.EnqueueBatchResult(
+                error=service_pb2.BatchError(code=8, message="redis is full")
+            ),
+        ]
+    )
+    ok, err = batch_outcomes(resp, 2)
+    assert isinstance(ok, EnqueueResult) and ok.job_id == "a"
+    assert type(err).__name__ == "ResourceExhaustedError" and "full" in str(err)
+    short = batch_outcomes(resp, 3)
+    assert all(isinstance(o, DelayqError) and "2 results for 3" in str(o) for o in short)
