@@ -5,6 +5,15 @@ No fakes: a missing redis-server fails the session loudly.
 
 from __future__ import annotations
 
+import os
+
+# Tests fork children (redis-server, spark-submit) from a process whose gRPC
+# threads are busy; gRPC's fork handlers then abort the child before it execs
+# (SIGABRT, "epoll_wait error: Bad file descriptor"). No child here uses gRPC
+# state inherited from the parent, so the handlers are turned off. Set before
+# anything imports grpc.
+os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "false"
+
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 

@@ -16,7 +16,7 @@ from grpc_reflection.v1alpha import reflection
 from redis.exceptions import RedisError
 
 from delayq.v1 import admin_pb2, admin_pb2_grpc, service_pb2, service_pb2_grpc
-from delayq_server import events, redis_client, telemetry
+from delayq_server import clock, events, redis_client, telemetry
 from delayq_server.admin_service import AdminService
 from delayq_server.auth import bootstrap
 from delayq_server.auth.certs import CertRoles
@@ -111,6 +111,9 @@ class App:
     def __init__(self, cfg: Config, redis_url: str) -> None:
         self.cfg = cfg
         self.server_id = os.urandom(4).hex()
+        if cfg.clock_skew_ms:
+            log.warning("local clock skewed by %d ms (test setting)", cfg.clock_skew_ms)
+        clock.set_skew_ms(cfg.clock_skew_ms)
         self.redis_url = redis_url
         self.redis = redis_client.connect(redis_url)
         self.store = Store(

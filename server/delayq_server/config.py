@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import NoReturn
 from urllib.parse import parse_qsl, urlsplit
 
-from delayq_server.durations import parse_ms
+from delayq_server.durations import parse_ms, parse_signed_ms
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +35,7 @@ class Config:
     grace_ms: int = 10_000
     wake_fallback_ms: int = 30_000  # longest idle wait without a wake-up
     log_level: str = "INFO"
+    clock_skew_ms: int = 0  # test only: shifts the local wall clock (docs/chaos.md)
     otel: bool = False  # export traces/metrics over OTLP (OTEL_EXPORTER_OTLP_* env)
     auth: bool = False  # bearer tokens / client certificates required (README "Auth")
     auth_bootstrap_token_file: str | None = None
@@ -59,7 +60,7 @@ class Config:
 
 
 # flag name -> (env var, parser, help)
-_FLAGS: dict[str, tuple[str, type | None, str]] = {
+_FLAGS: dict[str, tuple[str, Callable[[str], object] | None, str]] = {
     "redis_url": ("DELAYQ_REDIS_URL", str, "Redis URL; unset starts a managed redis-server"),
     "listen": ("DELAYQ_LISTEN", str, "gRPC listen address host:port (port 0 = any)"),
     "data_dir": ("DELAYQ_DATA_DIR", str, "data directory of the managed redis-server"),
@@ -116,6 +117,11 @@ _FLAGS: dict[str, tuple[str, type | None, str]] = {
     "max_message_bytes": ("DELAYQ_MAX_MESSAGE_BYTES", int, "largest gRPC message"),
     "events_maxlen": ("DELAYQ_EVENTS_MAXLEN", int, "entries kept per shard's events stream"),
     "workers": ("DELAYQ_WORKERS", int, "server processes sharing the port (1 to 64)"),
+    "clock_skew_ms": (
+        "DELAYQ_CLOCK_SKEW",
+        parse_signed_ms,
+        "test only: skew the local wall clock, e.g. --clock-skew=-5m",
+    ),
 }
 
 # flag name -> (env var, help); "--x" sets True, "--no-x" False
@@ -165,7 +171,7 @@ def fail(message: str) -> NoReturn:
     raise SystemExit(2)
 
 
-def _convert(kind: type | None, value: str) -> object:
+def _convert(kind: Callable[[str], object] | None, value: str) -> object:
     if kind is None:  # a duration
         return parse_ms(value)
     return kind(value)
@@ -206,6 +212,7 @@ _RANGES: dict[str, tuple[float, float, str]] = {
     "wake_fallback_ms": (100, _DAY_MS, "100ms to 1d"),
     "events_maxlen": (1, 1_000_000_000, "1 to 1000000000"),
     "workers": (1, 64, "1 to 64"),
+    "clock_skew_ms": (-_DAY_MS, _DAY_MS, "-1d to 1d"),
 }
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 

@@ -22,3 +22,11 @@ def parse_ms(text: str) -> int:
     if pos != len(text) or not text:
         raise ValueError(f"not a duration: {text!r} (try 250ms, 30s, 5m, 1h)")
     return round(total)
+
+
+def parse_signed_ms(text: str) -> int:
+    """``parse_ms`` with an optional leading minus ("-5m": five minutes behind)."""
+    text = text.strip()
+    if text.startswith("-"):
+        return -parse_ms(text[1:])
+    return parse_ms(text)

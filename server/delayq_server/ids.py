@@ -5,9 +5,9 @@ from __future__ import annotations
 import base64
 import os
 import re
-import time
 from dataclasses import dataclass
 
+from delayq_server import clock
 from delayq_server.store import LeaseRef, ShardKeys
 
 # 48-bit ms timestamp + 64 random bits, base32hex: 23 chars, time-sortable.
@@ -19,7 +19,7 @@ _TOKEN = re.compile(rf"^({_NAME})/({_NAME})/(\d{{1,4}})/([0-9a-v]{{23}}(?:-\d{{1
 
 def new_job_id(shard: int, shards: int) -> str:
     """A fresh id; queues with several shards carry the shard as a ``-N`` suffix."""
-    raw = (time.time_ns() // 1_000_000).to_bytes(6, "big") + os.urandom(8)
+    raw = (clock.wall_ns() // 1_000_000).to_bytes(6, "big") + os.urandom(8)
     text = base64.b32hexencode(raw).decode().rstrip("=").lower()
     return text if shards <= 1 else f"{text}-{shard}"
 

@@ -18,6 +18,7 @@ import re
 import time
 from dataclasses import dataclass
 
+from delayq_server import clock
 from delayq_server.auth.principal import Principal
 from delayq_server.store.tokens import TokenRecord, TokenStore
 
@@ -80,7 +81,7 @@ class TokenAuthenticator:
             hit = await self._load(token, key, now)
         if hit.principal is None:
             return None
-        if hit.expires_ms and hit.expires_ms <= time.time() * 1000:
+        if hit.expires_ms and hit.expires_ms <= clock.wall_ns() / 1_000_000:
             return None
         return hit.principal
 
