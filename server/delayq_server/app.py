@@ -189,7 +189,11 @@ class App:
         self.dispatcher.wake_all()
 
     async def start(self) -> int:
-        """Checks Redis, starts loops, binds and serves; returns the bound port."""
+        """Checks the port and Redis, starts loops, binds and serves; returns the port."""
+        # The port first: a server that cannot listen must not join the replicas
+        # (heartbeat, timer ownership) even for a moment.
+        if not self.cfg.reuse_port:  # a worker: its supervisor checked the port
+            check_bind(self.cfg.listen)
         try:
             await self.redis.ping()
             await self.store.load_scripts()
@@ -215,8 +219,6 @@ class App:
                 (SERVICE_NAME, ADMIN_SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME),
                 registrar,
             )
-        if not self.cfg.reuse_port:  # a worker: its supervisor checked the port
-            check_bind(self.cfg.listen)
         try:
             self.port = self._bind()
         except RuntimeError:
