@@ -30,7 +30,7 @@ from delayq_server.store.records import JobRecord, JobState
 if TYPE_CHECKING:
     from delayq_server.redis_client import RedisClient
 
-# Bounds on one script call (DESIGN.md: every script is bounded).
+# Bounds on one script call (docs/design.md: every script is bounded).
 MAX_BATCH = 1000
 PROMOTE_LIMIT = 500
 REAP_LIMIT = 200

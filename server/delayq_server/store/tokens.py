@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from delayq_server.redis_client import RedisClient
 
 # Listing reads every record: the count is bounded so ListTokens stays one
-# small pipelined read (DESIGN.md promise 7).
+# small pipelined read (docs/design.md, promise 7).
 MAX_TOKENS = 10_000
 
 

@@ -1,7 +1,7 @@
 -- record.lua: the packed job record and shared helpers.
 -- A job record is one Redis STRING holding a msgpack array (see
 -- delayq_server/store/records.py, which must agree on these indices).
--- One string per job costs ~40% of a hash per job (DESIGN.md, memory).
+-- One string per job costs ~40% of a hash per job (docs/design.md, "Redis layout").
 local R_STATE, R_ATTEMPTS, R_MAX, R_DUE, R_CREATED, R_EXPIRE = 1, 2, 3, 4, 5, 6
 local R_LASTDEL, R_FINISH, R_TOKEN, R_ERR = 7, 8, 9, 10
 local R_B_INIT, R_B_MAX, R_B_MULT, R_B_JIT, R_HEADERS, R_PAYLOAD = 11, 12, 13, 14, 15, 16
