@@ -143,11 +143,8 @@ class App:
             self.redis,
             self.hub,
             self.server_id,
-            self.dispatcher.on_credit_nonces,
+            self.dispatcher.on_message,
             on_subscribed=self._resync,
-            on_keep=self.dispatcher.on_keep_nonces,
-            on_expired=self.dispatcher.on_expired_nonces,
-            on_answered=self.dispatcher.on_answered,
         )
         self.health = health_aio.HealthServicer()
         self.telemetry = telemetry.setup(cfg.otel)

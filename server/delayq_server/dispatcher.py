@@ -160,55 +160,61 @@ class Dispatcher:
             if stream is not None:
                 stream.keep(nonce)
 
-    def on_given_back(self, tokens: list[LeaseToken]) -> None:
-        """Released deliveries of this replica's streams: credit after a cooldown;
-        other replicas' streams get plain credit (see ConsumeStream.given_back)."""
-        for t in tokens:
-            if t.server_id == self.server_id:
-                stream = self._stream_of(t.nonce)
-                if stream is not None:
-                    stream.given_back(t.nonce)
+    async def given_back(self, tokens: list[LeaseToken]) -> None:
+        """Released deliveries: their streams get the credit after a cooldown
+        (ConsumeStream.given_back), wherever the stream lives."""
+        await self._route(tokens, "given_back")
+
+    def on_given_back_nonces(self, nonces: list[str]) -> None:
+        for nonce in nonces:
+            stream = self._stream_of(nonce)
+            if stream is not None:
+                stream.given_back(nonce)
 
     async def credit(self, tokens: list[LeaseToken]) -> None:
         """Returns credit for finished leases to whichever replica holds the stream."""
-        await self._route(tokens, "credit", self.on_credit_nonces)
+        await self._route(tokens, "credit")
 
     async def keep(self, tokens: list[LeaseToken]) -> None:
         """Tells whichever replica holds the stream that these leases were extended."""
-        await self._route(tokens, "keep", self.on_keep_nonces)
+        await self._route(tokens, "keep")
 
     async def _route(
-        self, tokens: list[LeaseToken], kind: str, local_handler: Callable[[list[str]], None]
+        self,
+        tokens: list[LeaseToken],
+        kind: str,
+        item: Callable[[LeaseToken], str] = lambda t: t.nonce,
     ) -> None:
+        """Hands each token's item to the replica holding its stream: this one
+        directly, others over their pub/sub channel (on_message there)."""
         remote: dict[str, list[str]] = defaultdict(list)
         local: list[str] = []
         for t in tokens:
-            if t.server_id == self.server_id:
-                local.append(t.nonce)
-            else:
-                remote[t.server_id].append(t.nonce)
-        local_handler(local)
-        for server_id, nonces in remote.items():
+            (local if t.server_id == self.server_id else remote[t.server_id]).append(item(t))
+        self.on_message(kind, local)
+        for server_id, items in remote.items():
             with contextlib.suppress(Exception):
                 await self.store.redis.publish(
-                    server_channel(server_id), f"{kind} " + " ".join(nonces)
+                    server_channel(server_id), f"{kind} " + " ".join(items)
                 )
+
+    def on_message(self, kind: str, items: list[str]) -> None:
+        """A message for this replica's streams, local or from another replica."""
+        handler = {
+            "credit": self.on_credit_nonces,
+            "keep": self.on_keep_nonces,
+            "expired": self.on_expired_nonces,
+            "answered": self.on_answered,
+            "given_back": self.on_given_back_nonces,
+        }.get(kind)
+        if handler is not None and items:
+            handler(items)
 
     async def answered(self, tokens: list[LeaseToken]) -> None:
         """The client answered (late) for deliveries whose lease ran out: their
         stream slots free (see on_reaped). Job ids travel along so a token forged
         from a real nonce and another job's id frees nothing."""
-        remote: dict[str, list[str]] = defaultdict(list)
-        local: list[str] = []
-        for t in tokens:
-            item = f"{t.nonce}|{t.job_id}"
-            (local if t.server_id == self.server_id else remote[t.server_id]).append(item)
-        self.on_answered(local)
-        for server_id, items in remote.items():
-            with contextlib.suppress(Exception):
-                await self.store.redis.publish(
-                    server_channel(server_id), "answered " + " ".join(items)
-                )
+        await self._route(tokens, "answered", lambda t: f"{t.nonce}|{t.job_id}")
 
     def on_answered(self, items: list[str]) -> None:
         for item in items:
@@ -230,6 +236,6 @@ class Dispatcher:
         attempts no handler gets to try. The slot frees when the client answers
         for that delivery (an Ack, Nack or ExtendLease, even a stale one: answered)."""
         tokens = [LeaseToken(keys, lease.job_id, lease.nonce) for lease in leases if lease.nonce]
-        task = asyncio.create_task(self._route(tokens, "expired", self.on_expired_nonces))
+        task = asyncio.create_task(self._route(tokens, "expired"))
         self._background.add(task)
         task.add_done_callback(self._background.discard)

@@ -84,19 +84,15 @@ class PubSubListener:
         client: RedisClient,
         hub: EventHub,
         server_id: str,
-        on_credit: Callable[[list[str]], None],
+        on_message: Callable[[str, list[str]], None],
         on_subscribed: Callable[[], None] = lambda: None,
-        on_keep: Callable[[list[str]], None] = lambda nonces: None,
-        on_expired: Callable[[list[str]], None] = lambda nonces: None,
-        on_answered: Callable[[list[str]], None] = lambda items: None,
     ) -> None:
         self._client = client
         self._hub = hub
         self._server_id = server_id
-        self._on_credit = on_credit
-        self._on_keep = on_keep
-        self._on_expired = on_expired
-        self._on_answered = on_answered
+        # Messages on this replica's own channel: "<kind> <item> ...", e.g. credit
+        # for our streams' leases (Dispatcher.on_message knows the kinds).
+        self._on_message = on_message
         self._on_subscribed = on_subscribed
         self._task: asyncio.Task[None] | None = None
         self.ready = asyncio.Event()
@@ -154,14 +150,7 @@ class PubSubListener:
         text = data.decode()
         if channel.decode() != EVENTS_CHANNEL:
             kind, _, rest = text.partition(" ")
-            if kind == "credit":
-                self._on_credit(rest.split())
-            elif kind == "keep":
-                self._on_keep(rest.split())
-            elif kind == "expired":
-                self._on_expired(rest.split())
-            elif kind == "answered":
-                self._on_answered(rest.split())
+            self._on_message(kind, rest.split())
             return
         prefix, _, rest = text.partition(" ")
         kind, _, detail = rest.partition(" ")

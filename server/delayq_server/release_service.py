@@ -42,9 +42,9 @@ class ReleaseServicer:
                 codes[i] = code
 
         await asyncio.gather(*(run(k, v) for k, v in by_shard.items()))
-        # The stream gets the credit back (a closed one in its grace stops holding
-        # them); a stream of this replica only after a cooldown.
-        released = [t for t, c in zip(tokens, codes, strict=True) if c == ReleaseOutcome.RELEASED]
-        self._dispatcher.on_given_back(released)
-        await self._dispatcher.credit(released)
+        # The stream gets the credit back after a cooldown (a closed one in its
+        # grace stops holding the leases at once).
+        await self._dispatcher.given_back(
+            [t for t, c in zip(tokens, codes, strict=True) if c == ReleaseOutcome.RELEASED]
+        )
         return service_pb2.ReleaseResponse(results=[_RESULT[c] for c in codes])

@@ -116,7 +116,7 @@ async def wired(aredis: aioredis.Redis) -> AsyncIterator[tuple[Store, Timers]]:
     store = Store(aredis)
     hub = events.EventHub()
     timers = Timers(store, hub, lambda keys, leases: None, idle_stop_s=0.3, refresh_s=0.1)
-    listener = events.PubSubListener(aredis, hub, "t1", lambda nonces: None)
+    listener = events.PubSubListener(aredis, hub, "t1", lambda kind, items: None)
     listener.start()
     await asyncio.wait_for(listener.ready.wait(), 10)
     await timers.start()
