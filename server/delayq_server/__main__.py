@@ -35,6 +35,9 @@ async def serve(cfg: config.Config, redis_url: str) -> None:
     gc.set_threshold(50_000, 20, 100)
     host = cfg.listen.rsplit(":", 1)[0]
     # Tests and scripts wait for this exact line (and may signal right after it).
+    if app.http is not None:  # before the line below, which tests treat as "ready"
+        http_host = app.http.listen.rsplit(":", 1)[0]
+        print(f"delayq: admin http on {http_host}:{app.http_port}", flush=True)
     print(f"delayq: listening on {host}:{port}", flush=True)
     await stop.wait()
     log.info("shutting down (grace %.1fs)", cfg.grace_ms / 1000)

@@ -25,6 +25,7 @@ from delayq_server.auth.tokens import TokenAuthenticator
 from delayq_server.config import Config
 from delayq_server.decode_guard import DecodeGuard, guarded
 from delayq_server.dispatcher import Dispatcher
+from delayq_server.http_port import HttpPort
 from delayq_server.quotas import Limits, Quotas
 from delayq_server.service import DelayQueueService
 from delayq_server.store import Store
@@ -180,6 +181,9 @@ class App:
             self.server_id,
         )
         self.port = 0
+        # Features add their routes to http.app before start() (http_port/server.py).
+        self.http = HttpPort(cfg.http_listen) if cfg.http_listen else None
+        self.http_port = 0
 
     def _resync(self) -> None:
         self.timers.wake_all()
@@ -224,6 +228,13 @@ class App:
             raise StartupError(
                 f"cannot listen on {self.cfg.listen}: address in use or not available"
             )
+        if self.http is not None:
+            try:
+                self.http_port = await self.http.start()
+            except OSError as exc:
+                raise StartupError(
+                    f"--http-listen: cannot listen on {self.cfg.http_listen}: {exc.strerror}"
+                ) from exc
         # After the bind: a refused start stays one line (test_operations.py).
         if self.cfg.auth:
             await bootstrap.ensure_admin(self.token_store, self.cfg.auth_bootstrap_token_file)
@@ -256,6 +267,8 @@ class App:
         await self.health.enter_graceful_shutdown()
         self.dispatcher.close_all()
         await self.server.stop(grace)
+        if self.http is not None:
+            await self.http.stop()
         try:
             # Bounded: a wedged Redis must not keep the process from exiting.
             await asyncio.wait_for(self._finish(), timeout=FINISH_TIMEOUT_S)
@@ -264,6 +277,9 @@ class App:
 
     async def abort(self) -> None:
         """Undoes a start that failed half-way (nothing was served)."""
+        if self.http is not None:
+            with contextlib.suppress(Exception):
+                await self.http.stop()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.timers.stop(), FINISH_TIMEOUT_S)
         with contextlib.suppress(Exception):

@@ -17,6 +17,7 @@ from delayq_server.durations import parse_ms, parse_signed_ms
 class Config:
     redis_url: str | None = None  # None: start a managed local redis-server
     listen: str = "127.0.0.1:50051"
+    http_listen: str | None = None  # admin HTTP port (/metrics, dashboard); None: off
     data_dir: str = ".run/redis"  # managed redis-server's directory (AOF on)
     default_lease_ms: int = 30_000
     default_max_attempts: int = 10
@@ -63,6 +64,11 @@ class Config:
 _FLAGS: dict[str, tuple[str, Callable[[str], object] | None, str]] = {
     "redis_url": ("DELAYQ_REDIS_URL", str, "Redis URL; unset starts a managed redis-server"),
     "listen": ("DELAYQ_LISTEN", str, "gRPC listen address host:port (port 0 = any)"),
+    "http_listen": (
+        "DELAYQ_HTTP_LISTEN",
+        str,
+        "admin HTTP address host:port for /healthz, /metrics, dashboard (off when unset)",
+    ),
     "data_dir": ("DELAYQ_DATA_DIR", str, "data directory of the managed redis-server"),
     "default_lease_ms": ("DELAYQ_DEFAULT_LEASE", None, "lease when Consume sets none"),
     "default_max_attempts": ("DELAYQ_DEFAULT_MAX_ATTEMPTS", int, "attempts when a job sets none"),
@@ -230,9 +236,12 @@ def check(cfg: Config) -> None:
         raise ConfigError(f"--log-level: must be one of {', '.join(_LOG_LEVELS)}")
     if cfg.redis_url is not None:
         _check_redis_url(cfg.redis_url)
-    host, sep, port = cfg.listen.rpartition(":")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise ConfigError(f"--listen: {cfg.listen!r} is not host:port (port 0 picks one)")
+    for flag, address in (("--listen", cfg.listen), ("--http-listen", cfg.http_listen)):
+        if address is None:
+            continue
+        host, sep, port = address.rpartition(":")
+        if not sep or not host or not port.isdigit() or int(port) > 65535:
+            raise ConfigError(f"{flag}: {address!r} is not host:port (port 0 picks one)")
     if cfg.redis_url is None and not cfg.data_dir:
         raise ConfigError("--data-dir: must not be empty")
     # Imported here: validation imports this module.

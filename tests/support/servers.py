@@ -35,6 +35,7 @@ class DelayqProcess:
         self.env = env or {}
         self.proc: subprocess.Popen[str] | None = None
         self.port = 0
+        self.http_port = 0  # set when started with --http-listen
         self.output: list[str] = []
         self._reader: threading.Thread | None = None
 
@@ -62,6 +63,8 @@ class DelayqProcess:
             assert self.proc is not None and self.proc.stdout is not None
             for line in self.proc.stdout:
                 self.output.append(line)
+                if line.startswith("delayq: admin http on "):
+                    self.http_port = int(line.rsplit(":", 1)[1])
                 if line.startswith("delayq: listening on "):
                     self.port = int(line.rsplit(":", 1)[1])
                     ready.set()
