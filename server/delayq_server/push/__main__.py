@@ -21,6 +21,8 @@ from delayq_server.timers.manager import Timers
 
 log = logging.getLogger("delayq.pusher")
 
+STOP_TIMEOUT_S = 15.0
+
 
 async def run(cfg: config.Config, targets: push_config.PushConfig, redis_url: str) -> None:
     """The server's store, dispatcher, timers and pub/sub listener, without the gRPC port:
@@ -71,12 +73,21 @@ async def run(cfg: config.Config, targets: push_config.PushConfig, redis_url: st
     pusher.start()
     print(f"delayq-pusher: pushing {len(targets.targets)} queue(s)", flush=True)
     await stop.wait()
-    await pusher.stop()
-    dispatcher.close_all()
-    await dispatcher.drain_releases()
-    await timers.stop()
-    await listener.stop()
-    await redis.aclose()
+    log.info("shutting down")
+
+    async def finish() -> None:
+        await pusher.stop()
+        dispatcher.close_all()
+        await dispatcher.drain_releases()
+        await timers.stop()
+        await listener.stop()
+        await redis.aclose()
+
+    try:  # bounded, as the server's stop: a wedged Redis must not keep us from exiting
+        await asyncio.wait_for(finish(), STOP_TIMEOUT_S)
+    except TimeoutError:
+        log.warning("shutdown did not finish in %ss", STOP_TIMEOUT_S)
+    log.info("stopped")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
