@@ -8,9 +8,8 @@ import json
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +70,7 @@ def pushing(
 def put(stub: Stub, queue: str, payload: bytes = b"job", **kw: Any) -> str:
     metadata = kw.pop("metadata", None)
     req = service_pb2.EnqueueRequest(queue=queue, payload=payload, **kw)
-    return stub.Enqueue(req, timeout=10, metadata=metadata).job_id  # type: ignore[no-any-return]
+    return stub.Enqueue(req, timeout=10, metadata=metadata).job_id
 
 
 def fast_retry() -> job_pb2.RetryPolicy:
@@ -101,7 +100,10 @@ def test_push_acks_on_2xx_with_the_documented_body_and_headers(
 ) -> None:
     with (
         Receiver() as rx,
-        pushing(redis_server, tmp_path, [target(q, rx.url, headers={"X-Team": "red"})]) as (_, stub),
+        pushing(redis_server, tmp_path, [target(q, rx.url, headers={"X-Team": "red"})]) as (
+            _,
+            stub,
+        ),
     ):
         job_id = put(
             stub, q, b'{"hello": "w\xc3\xb6rld"}', headers={"k": "v"},
@@ -183,10 +185,8 @@ def _gate(limit: int) -> tuple[Receiver, Callable[[Hit], Any]]:
     async def behave(_hit: Hit) -> web.StreamResponse:
         if rx.in_flight >= limit:
             full.set()
-        try:
+        with suppress(TimeoutError):
             await asyncio.wait_for(full.wait(), 10)
-        except TimeoutError:
-            pass
         return web.Response()
 
     rx.behaviour = behave
@@ -310,8 +310,14 @@ def test_a_redirect_to_a_private_address_is_not_followed(
     [
         ({"allow_http": False}, 'targets[0].url: https is required (set "allow_http": true'),
         ({"secret": "short"}, "targets[0]: the secret must be at least 16 bytes"),
-        ({"headers": {"Delayq-Signature": "x"}}, "targets[0].headers: 'Delayq-Signature' is set by the pusher"),
-        ({"allowlist": ["10.0.0.0/33"]}, "targets[0].allowlist[0]: '10.0.0.0/33' is not a host name"),
+        (
+            {"headers": {"Delayq-Signature": "x"}},
+            "targets[0].headers: 'Delayq-Signature' is set by the pusher",
+        ),
+        (
+            {"allowlist": ["10.0.0.0/33"]},
+            "targets[0].allowlist[0]: '10.0.0.0/33' is not a host name",
+        ),
     ],
 )
 def test_a_bad_push_config_is_refused_at_start_in_one_line(
