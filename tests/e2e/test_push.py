@@ -177,8 +177,9 @@ def test_a_timeout_is_a_failure_with_its_reason(
 
 
 def _gate(limit: int) -> tuple[Receiver, Callable[[Hit], Any]]:
-    """A slow receiver: each request waits until ``limit`` are in flight at once (or
-    10 s), so a pusher sending more than ``limit`` at a time shows above it."""
+    """A slow receiver: each request is held until ``limit`` are in flight at once (or
+    10 s), then half a second more, so a pusher that sends more than ``limit`` at a
+    time shows above it (the hold is the receiver's slowness, not a test timing)."""
     full = asyncio.Event()
     rx = Receiver()
 
@@ -187,6 +188,7 @@ def _gate(limit: int) -> tuple[Receiver, Callable[[Hit], Any]]:
             full.set()
         with suppress(TimeoutError):
             await asyncio.wait_for(full.wait(), 10)
+        await asyncio.sleep(0.5)
         return web.Response()
 
     rx.behaviour = behave
