@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 # The lease outlives the request: its timeout plus time to ack or nack. A pusher
 # that dies mid-request leaves the lease to the reaper (redelivery, attempt counted).
 LEASE_MARGIN_MS = 10_000
+# A delivery that waited this long for a slot (per-host limit) renews its lease first.
+EXTEND_AFTER_S = 1.0
 STOP_WAIT_S = 5.0  # requests under way at stop get this long to finish and settle
 
 
@@ -97,15 +99,31 @@ class _TargetLoop:
     async def _deliver(self, keys: ShardKeys, c: Claimed) -> None:
         t = self.target
         assert self.session is not None  # made by run() before any delivery
-        async with self.slots, self.p.host_slots(t.host_port):
-            outcome = await sender.send(self.session, t, keys, c, self.p.cfg.retry_after_max_ms)
         token = LeaseToken(keys, c.job_id, c.nonce)
+        clock = asyncio.get_running_loop().time
+        queued = clock()
+        async with self.slots, self.p.host_slots(t.host_port):
+            if clock() - queued > EXTEND_AFTER_S and not await self._renew(keys, c):
+                await self.p.dispatcher.credit([token])
+                return
+            outcome = await sender.send(self.session, t, keys, c, self.p.cfg.retry_after_max_ms)
         try:
             await self._settle(keys, c, outcome)
         except Exception as exc:  # Redis trouble: the lease runs out and the reaper retries
             log.warning("push %s/%s %s: settling failed: %s", t.namespace, t.queue, c.job_id, exc)
         finally:
             await self.p.dispatcher.credit([token])  # the stream's slot frees either way
+
+    async def _renew(self, keys: ShardKeys, c: Claimed) -> bool:
+        """A delivery that waited for a host slot gets a whole lease for its request
+        again; False when the lease was lost meanwhile (the job is someone else's)."""
+        try:
+            await self.p.store.extend(
+                keys, LeaseRef(c.job_id, c.nonce), self.target.timeout_ms + LEASE_MARGIN_MS
+            )
+        except (StaleLease, UnknownJob):
+            return False
+        return True
 
     async def _settle(self, keys: ShardKeys, c: Claimed, outcome: sender.Outcome) -> None:
         ref = LeaseRef(c.job_id, c.nonce)
