@@ -29,7 +29,7 @@ local now = now_ms(ARGV[2])
 local was_empty = redis.call('LLEN', k_ready) == 0
 local head = redis.call('ZRANGE', k_index, 0, 0, 'WITHSCORES')
 local head_due = head[2] and tonumber(head[2]) or nil
-local pushed, earliest, stored = 0, nil, 0
+local pushed, earliest, stored, delayed = 0, nil, 0, 0
 local out = {now}
 local jobs = cmsgpack.unpack(ARGV[7])
 for i = 0, n - 1 do
@@ -76,7 +76,7 @@ for i = 0, n - 1 do
     else
       save(prefix, id, rec)
       backlog_add(prefix, k_index, width, id, due)
-      redis.call('HINCRBY', k_stats, 'backlog', 1)
+      delayed = delayed + 1
       if earliest == nil or due < earliest then earliest = due end
     end
     if expire > 0 then redis.call('ZADD', k_exp, expire, id) end
@@ -88,6 +88,8 @@ for i = 0, n - 1 do
   end
 end
 if stored > 0 then redis.call('HINCRBY', k_stats, 'enqueued', stored) end
+-- One counter update per call, not per job.
+if delayed > 0 then redis.call('HINCRBY', k_stats, 'backlog', delayed) end
 if pushed > 0 and was_empty then redis.call('PUBLISH', channel, prefix .. ' ready ' .. pushed) end
 if earliest and (head_due == nil or earliest < head_due) then
   redis.call('PUBLISH', channel, prefix .. ' due ' .. string.format('%d', earliest))
