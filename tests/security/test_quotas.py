@@ -177,7 +177,6 @@ def test_abusive_pings_are_cut(redis_url: str) -> None:
         assert "ping" in (info.value.details() or "").lower()
 
 
-
 def test_unary_enqueue_takes_rate_tokens_in_chunks(redis_url: str, ns: str) -> None:
     """A unary Enqueue makes one Redis call: the rate quota's tokens come from a local
     allowance refilled a chunk at a time (quotas.py), yet the rate still holds."""
