@@ -58,3 +58,8 @@ bench-replay: deps
 .PHONY: bench-scale
 bench-scale: deps
 	$(PY) -m bench.scale --cluster --json .run/bench-scale.json $(BENCH_ARGS)
+
+# Issue 15: push delivery, callbacks/s to a local receiver and callback lateness.
+.PHONY: bench-push
+bench-push: deps
+	$(PY) -m bench.push $(BENCH_ARGS)

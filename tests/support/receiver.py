@@ -17,6 +17,7 @@ class Hit:
 
     n: int  # 1-based arrival order
     at: float  # time.monotonic() on arrival
+    wall: float  # time.time() on arrival (lateness against the body's due_time)
     method: str
     path: str
     headers: dict[str, str]
@@ -53,6 +54,7 @@ class Receiver:
         hit = Hit(
             len(self.hits) + 1,
             time.monotonic(),
+            time.time(),
             request.method,
             request.path,
             dict(request.headers),
