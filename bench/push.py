@@ -48,15 +48,17 @@ def throughput(
             for _ in range(min(1000, n - start))
         ]
         stub.EnqueueBatch(service_pb2.EnqueueBatchRequest(requests=reqs), timeout=60)
-    cpu0 = _cpu_s(pid)
+    cpu0, rx_cpu0 = _cpu_s(pid), time.process_time()
     wait_until(lambda: len(rx.hits) >= before + n, timeout=600, interval=0.05)
-    cpu = _cpu_s(pid) - cpu0
+    cpu, rx_cpu = _cpu_s(pid) - cpu0, time.process_time() - rx_cpu0
     hits = rx.hits[before : before + n]
     span = hits[-1].at - hits[0].at
     return {
         "jobs": n,
         "callbacks_per_s": round(n / span, 1) if span > 0 else 0.0,
         "server_cpu_s_per_1000": round(cpu / n * 1000, 3),
+        "receiver_cpu_s_per_1000": round(rx_cpu / n * 1000, 3),  # this process
+        "wall_s": round(span, 2),
     }
 
 
