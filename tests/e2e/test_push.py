@@ -158,6 +158,24 @@ def test_a_500_then_success_retries_and_acks(
     assert [json.loads(h.body)["attempt"] for h in rx.hits] == [1, 2]
 
 
+def test_later_success_mode_wants_code_100(
+    redis_server: ManagedRedis, tmp_path: Path, q: str
+) -> None:
+    behave = answers(
+        lambda: web.json_response({"code": 500, "msg": "busy"}),
+        lambda: web.json_response({"code": 100}),
+    )
+    with (
+        Receiver(behave) as rx,
+        pushing(redis_server, tmp_path, [target(q, rx.url, success="later")]) as (_, stub),
+    ):
+        job_id = put(stub, q, retry=fast_retry())
+        wait_until(state_is(stub, q, job_id, job_pb2.JOB_STATE_COMPLETED), 30)
+        job = query(stub, q, job_id)
+    assert job.attempts == 2 and len(rx.hits) == 2
+    assert job.last_error.startswith('push: HTTP 200 without {"code":100}: {"code": 500')
+
+
 def test_a_timeout_is_a_failure_with_its_reason(
     redis_server: ManagedRedis, tmp_path: Path, q: str
 ) -> None:

@@ -18,6 +18,7 @@ import aiohttp
 from delayq_server.dispatcher import Dispatcher
 from delayq_server.ids import LeaseToken
 from delayq_server.push import sender, ssrf
+from delayq_server.push.acks import AckBatcher
 from delayq_server.push.config import PushConfig, Target
 from delayq_server.store import (
     AckOutcome,
@@ -129,11 +130,11 @@ class _TargetLoop:
         ref = LeaseRef(c.job_id, c.nonce)
         store = self.p.store
         if outcome.ok:
-            (code,) = await store.ack(keys, [ref])
+            code = await self.p.acks.ack(keys, ref)
             if code != AckOutcome.ACKED:
                 log.info("push %s: ack after the lease was lost (job redelivered)", c.job_id)
             return
-        log.info("push %s attempt %d failed: %s", c.job_id, c.record.attempts, outcome.reason)
+        log.debug("push %s attempt %d failed: %s", c.job_id, c.record.attempts, outcome.reason)
         try:
             await store.nack(
                 keys, ref, delay_ms=outcome.retry_after_ms, dead_letter=False, reason=outcome.reason
@@ -159,6 +160,7 @@ class Pusher:
         self.dispatcher = dispatcher
         self.ensure_timers = ensure_timers
         self._hosts: dict[str, asyncio.Semaphore] = {}
+        self.acks = AckBatcher(store)
         self._loops = [_TargetLoop(self, t) for t in cfg.targets]
         self._tasks: list[asyncio.Task[None]] = []
 

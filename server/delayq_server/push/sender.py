@@ -91,6 +91,7 @@ def connect_failure(exc: aiohttp.ClientConnectorError) -> str:
     """The reason for a connect that failed, naming an SSRF refusal plainly."""
     inner = exc.os_error
     text = str(inner) if inner is not None else str(exc)
+    text = text.removeprefix("Multiple exceptions: ")  # every address of the name failed
     if isinstance(inner, ssrf.RefusedAddress) or "refused (" in text:
         return f"push: {text}"[:300]
     return f"push: cannot connect to {exc.host}:{exc.port}: {text}"[:300]
