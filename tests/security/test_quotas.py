@@ -177,13 +177,12 @@ def test_abusive_pings_are_cut(redis_url: str) -> None:
         assert "ping" in (info.value.details() or "").lower()
 
 
-
 def test_unary_enqueue_takes_rate_tokens_in_chunks(redis_url: str, ns: str) -> None:
     """A unary Enqueue makes one Redis call: the rate quota's tokens come from a local
     allowance refilled a chunk at a time (quotas.py), yet the rate still holds."""
     rdb = redis.Redis.from_url(redis_url)
     rdb.config_set("notify-keyspace-events", "Kh")  # every HSET of a hash is published
-    sub = rdb.pubsub()
+    sub = rdb.pubsub()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
     sub.subscribe(f"__keyspace@0__:dq:{{ns:{ns}}}:rate")
     assert sub.get_message(timeout=5) is not None  # the subscribe confirmation
     # rate 100/s, burst 200: chunks of min(200 / 20, 100 * 0.05) = 5 tokens.
