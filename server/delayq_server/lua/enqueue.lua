@@ -36,12 +36,16 @@ for i = 0, n - 1 do
   local j = jobs[i + 1]
   local id, delay, due_at, ttl = j[1], j[2], j[3], j[4]
   local ikey = j[12]
-  local idem_key, existing, existing_due = nil, nil, -1
+  local due = now + delay
+  if delay < 0 then due = due_at end
+  if due < now then due = now end
+  local existing, existing_due = nil, -1
   if ikey ~= '' then
-    idem_key = prefix .. 'idem:' .. ikey
-    -- The key holds "<job id> <due ms>" so a duplicate is answered with its
-    -- due time even after the job itself was acked or deleted.
-    local prev = redis.call('GET', idem_key)
+    -- One command claims the key or reads the holder (SET NX GET, Redis 7.0). The
+    -- key holds "<job id> <due ms>" so a duplicate is answered with its due time
+    -- even after the job itself was acked or deleted.
+    local prev = redis.call('SET', prefix .. 'idem:' .. ikey,
+      id .. ' ' .. string.format('%d', due), 'NX', 'GET', 'PX', idem_window)
     if prev then
       local sp = string.find(prev, ' ', 1, true)
       if sp then
@@ -58,12 +62,6 @@ for i = 0, n - 1 do
     table.insert(out, existing_due)
     table.insert(out, 1)
   else
-    local due = now + delay
-    if delay < 0 then due = due_at end
-    if due < now then due = now end
-    if idem_key then
-      redis.call('SET', idem_key, id .. ' ' .. string.format('%d', due), 'PX', idem_window)
-    end
     local expire = 0
     if ttl > 0 then expire = now + ttl end
     local rec = {S_SCHEDULED, 0, j[5], due, now, expire, 0, 0, '', '',
