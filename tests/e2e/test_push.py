@@ -194,6 +194,32 @@ def test_a_timeout_is_a_failure_with_its_reason(
     assert len(rx.hits) == 1
 
 
+def test_an_endless_response_body_is_cut_at_the_cap(
+    redis_server: ManagedRedis, tmp_path: Path, q: str
+) -> None:
+    """Read in full, this body would run into the timeout; capped, the answer is its status."""
+
+    async def endless(hit: Hit) -> web.StreamResponse:
+        resp = web.StreamResponse(status=500)
+        resp.enable_chunked_encoding()
+        await resp.prepare(hit.request)
+        with suppress(ConnectionError):
+            while True:
+                await resp.write(b"y" * 65536)
+        return resp
+
+    with (
+        Receiver(endless) as rx,
+        pushing(
+            redis_server, tmp_path, [target(q, rx.url, timeout="20s", max_response_bytes=1024)]
+        ) as (_, stub),
+    ):
+        job_id = put(stub, q, max_attempts=1)
+        wait_until(state_is(stub, q, job_id, job_pb2.JOB_STATE_DEAD), 60)
+        job = query(stub, q, job_id)
+    assert job.last_error == "push: HTTP 500: " + "y" * 200
+
+
 def _gate(limit: int) -> tuple[Receiver, Callable[[Hit], Any]]:
     """A slow receiver: each request is held until ``limit`` are in flight at once (or
     10 s), then half a second more, so a pusher that sends more than ``limit`` at a

@@ -6,7 +6,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aiohttp import web
 
@@ -22,6 +22,7 @@ class Hit:
     path: str
     headers: dict[str, str]
     body: bytes
+    request: web.Request = field(repr=False, compare=False)  # for streaming answers
 
 
 Behaviour = Callable[[Hit], Awaitable[web.StreamResponse]]
@@ -59,6 +60,7 @@ class Receiver:
             request.path,
             dict(request.headers),
             body,
+            request,
         )
         self.hits.append(hit)
         self.in_flight += 1

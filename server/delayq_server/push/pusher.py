@@ -107,7 +107,11 @@ class _TargetLoop:
             if clock() - queued > EXTEND_AFTER_S and not await self._renew(keys, c):
                 await self.p.dispatcher.credit([token])
                 return
-            outcome = await sender.send(self.session, t, keys, c, self.p.cfg.retry_after_max_ms)
+            try:
+                outcome = await sender.send(self.session, t, keys, c, self.p.cfg.retry_after_max_ms)
+            except Exception as exc:  # a bug or an odd answer: a failed try, never a lost slot
+                log.exception("push %s/%s %s", t.namespace, t.queue, c.job_id)
+                outcome = sender.Outcome(False, f"push: {type(exc).__name__}: {exc}"[:300])
         try:
             await self._settle(keys, c, outcome)
         except Exception as exc:  # Redis trouble: the lease runs out and the reaper retries
@@ -124,6 +128,8 @@ class _TargetLoop:
             )
         except (StaleLease, UnknownJob):
             return False
+        except Exception as exc:  # Redis trouble: send on the lease we have
+            log.warning("push %s: renewing the lease failed: %s", c.job_id, exc)
         return True
 
     async def _settle(self, keys: ShardKeys, c: Claimed, outcome: sender.Outcome) -> None:
