@@ -19,6 +19,7 @@ from delayq_server.errors import InvalidArgument, NotFound
 from delayq_server.quotas import Quotas
 from delayq_server.release_service import ReleaseServicer
 from delayq_server.store import AckOutcome, JobSpec, ShardKeys, StaleLease, Store, UnknownJob
+from delayq_server.store.queues import QueueSettings
 from delayq_server.telemetry import Telemetry
 from delayq_server.timers.manager import Timers
 
@@ -41,6 +42,21 @@ def _shard_for(key: str, shards: int) -> int:
     if shards <= 1:
         return 0
     return zlib.crc32(key.encode()) % shards
+
+
+def _queue_defaults(inp: validation.EnqueueInput, qs: QueueSettings) -> validation.EnqueueInput:
+    """Fills what the request left to defaults from the queue's own settings."""
+    changes: dict[str, Any] = {}
+    if inp.default_attempts and qs.max_attempts:
+        changes["max_attempts"] = qs.max_attempts
+    if inp.default_retry and qs.retry is not None:
+        changes["backoff_initial_ms"] = qs.retry.initial_ms
+        changes["backoff_max_ms"] = qs.retry.max_ms
+        changes["multiplier"] = qs.retry.multiplier
+        changes["jitter"] = qs.retry.jitter
+    if not changes:
+        return inp
+    return dataclasses.replace(inp, spec=dataclasses.replace(inp.spec, **changes))
 
 
 class DelayQueueService(ReleaseServicer, service_pb2_grpc.DelayQueueServiceServicer):
@@ -85,9 +101,15 @@ class DelayQueueService(ReleaseServicer, service_pb2_grpc.DelayQueueServiceServi
         return NotFound(f"job {job_id!r} not found in queue {keys.namespace}/{keys.queue}")
 
     def _spec(
-        self, inp: validation.EnqueueInput, shards: int, trace_headers: dict[str, str]
+        self,
+        inp: validation.EnqueueInput,
+        shards: int,
+        trace_headers: dict[str, str],
+        settings: QueueSettings | None = None,
     ) -> tuple[int, JobSpec]:
         """Picks the shard and completes the spec (id, trace context) in one copy."""
+        if settings is not None:
+            inp = _queue_defaults(inp, settings)
         if inp.spec.idempotency_key:
             shard = _shard_for(inp.spec.idempotency_key, shards)
         else:
@@ -128,18 +150,24 @@ class DelayQueueService(ReleaseServicer, service_pb2_grpc.DelayQueueServiceServi
         out: list[service_pb2.EnqueueResponse | Exception | None] = [None] * len(inputs)
         groups: dict[ShardKeys, list[tuple[int, JobSpec]]] = defaultdict(list)
         counts: dict[tuple[str, str], int | Exception] = {}
+        settings: dict[tuple[str, str], QueueSettings | None] = {}
         for index, inp in enumerate(inputs):
             shards = counts.get((inp.namespace, inp.queue))
             if shards is None:
                 try:
                     shards = await self._shards(inp.namespace, inp.queue, create=True)
+                    settings[(inp.namespace, inp.queue)] = await self._store.queues.settings(
+                        inp.namespace, inp.queue
+                    )
                 except Exception as exc:  # answered per item below
                     shards = exc
                 counts[(inp.namespace, inp.queue)] = shards
             if isinstance(shards, Exception):
                 out[index] = shards
                 continue
-            shard, spec = self._spec(inp, shards, trace_headers)
+            shard, spec = self._spec(
+                inp, shards, trace_headers, settings.get((inp.namespace, inp.queue))
+            )
             groups[ShardKeys(inp.namespace, inp.queue, shard)].append((index, spec))
 
         async def run(keys: ShardKeys, items: list[tuple[int, JobSpec]]) -> None:
@@ -250,9 +278,20 @@ class DelayQueueService(ReleaseServicer, service_pb2_grpc.DelayQueueServiceServi
 
     async def _consume(self, inp: validation.ConsumeInput) -> Any:
         shards_by_queue = []
+        leases = []
         for q in inp.queues:
             count = await self._shards(inp.namespace, q, create=True)
             shards_by_queue.append([ShardKeys(inp.namespace, q, s) for s in range(count)])
+            qs = await self._store.queues.settings(inp.namespace, q)
+            if qs is not None and qs.lease_ms:
+                leases.append(qs.lease_ms)
+        if inp.default_lease and leases:
+            # No lease asked: the longest default of the stream's queues (issue 14),
+            # so no queue's jobs get a shorter lease than its settings say.
+            lease = max(leases)
+            inp = dataclasses.replace(
+                inp, lease_ms=lease, release_grace_ms=min(inp.release_grace_ms, lease)
+            )
         stream = self._dispatcher.open(
             shards_by_queue, inp.max_outstanding, inp.lease_ms, inp.max_batch, inp.release_grace_ms
         )
