@@ -65,7 +65,7 @@ def test_create_get_list_and_settings_apply(
         lease_s = d.lease_deadline.seconds - d.job.last_delivery_time.seconds
         assert 4 <= lease_s <= 6, lease_s
     finally:
-        call.cancel()
+        call.cancel()  # type: ignore[no-untyped-call]
 
 
 def test_update_changes_named_settings_only(
