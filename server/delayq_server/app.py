@@ -16,7 +16,7 @@ from grpc_reflection.v1alpha import reflection
 from redis.exceptions import RedisError
 
 from delayq.v1 import admin_pb2, admin_pb2_grpc, service_pb2, service_pb2_grpc
-from delayq_server import clock, events, redis_client, telemetry
+from delayq_server import clock, dashboard, events, redis_client, telemetry
 from delayq_server.admin.common import Deps
 from delayq_server.admin.jobs import JobOps
 from delayq_server.admin.queues import QueueOps
@@ -26,6 +26,7 @@ from delayq_server.auth.certs import CertRoles
 from delayq_server.auth.interceptor import AuthInterceptor
 from delayq_server.auth.tokens import TokenAuthenticator
 from delayq_server.config import Config
+from delayq_server.dashboard import DashboardApi
 from delayq_server.decode_guard import DecodeGuard, guarded
 from delayq_server.dispatcher import Dispatcher
 from delayq_server.http_port import HttpPort
@@ -194,6 +195,10 @@ class App:
         self.port = 0
         # Features add their routes to http.app before start() (http_port/server.py).
         self.http = HttpPort(cfg.http_listen) if cfg.http_listen else None
+        if self.http is not None:
+            dashboard.add_routes(
+                self.http.app, DashboardApi(self.queue_ops, self.job_ops, self.authenticator)
+            )
         self.http_port = 0
 
     def _on_queue_event(self, tag: str, detail: str) -> None:

@@ -208,6 +208,19 @@ class JobAdmin:
         ids = [_s(x) for x in raw]
         return Page(ids, 0, offset + len(ids), len(ids) == count)
 
+    async def backlog_buckets(self, keys: ShardKeys, most: int = 500) -> list[tuple[int, int]]:
+        """(earliest due ms, job count) of the first ``most`` backlog buckets:
+        one index read and one pipelined ZCARD per bucket (the dashboard's
+        due-time histogram; later buckets are counted by the caller as the rest)."""
+        heads = await self._redis.zrange(keys.index, 0, most - 1, withscores=True)
+        if not heads:
+            return []
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for b, _ in heads:
+                pipe.zcard(keys.bucket(int(_s(b))))
+            counts = await pipe.execute()
+        return [(int(score), int(n)) for (_, score), n in zip(heads, counts, strict=True)]
+
     async def records(self, keys: ShardKeys, ids: list[str]) -> list[tuple[str, JobRecord]]:
         """The records of ``ids`` that still exist, in order (one MGET)."""
         if not ids:
