@@ -1,10 +1,10 @@
 -- purge.lua: delete up to `limit` jobs of one state of a shard (issue 14).
 -- KEYS[1] index ZSET, KEYS[2] ready LIST, KEYS[3] leased ZSET, KEYS[4] dead ZSET,
 -- KEYS[5] done ZSET, KEYS[6] exp ZSET, KEYS[7] stats HASH
--- ARGV[1] prefix, ARGV[2] state (1 scheduled .. 5 completed), ARGV[3] limit (<= 500),
+-- ARGV[1] prefix, ARGV[2] state (1 scheduled .. 5 completed), ARGV[3] limit (<= 200),
 -- ARGV[4] events MAXLEN (0 = off; lua/includes/events.lua)
 -- Returns: {purged, jobs left in that state}
--- Bounded: at most `limit` ids and 64 buckets per call (~1 ms for 500 jobs:
+-- Bounded: at most `limit` ids and 64 buckets per call (~0.5 ms for 200 jobs:
 -- one ZREM/RPOP, one DEL and one ZREM over the batch); the caller loops.
 -- Oldest first: the head of the backlog, the tail of the ready list, the
 -- earliest lease deadline, the oldest death or completion. A purged lease is
@@ -43,8 +43,10 @@ else
 end
 if #ids > 0 then
   local rkeys = {}
+  local now = 0
+  if ev_maxlen > 0 then now = now_ms('') end
   for i, id in ipairs(ids) do
-    if ev_maxlen > 0 then emit(prefix, 'deleted', id, now_ms(''), load(prefix, id), 'purged') end
+    if ev_maxlen > 0 then emit(prefix, 'deleted', id, now, load(prefix, id), 'purged') end
     rkeys[i] = prefix .. 'j:' .. id
   end
   redis.call('DEL', unpack(rkeys))

@@ -1,7 +1,7 @@
 -- retain.lua: enforce a queue's dead-letter retention on one shard (issue 14).
 -- KEYS[1] dead ZSET (job id -> time of death ms), KEYS[2] exp ZSET
 -- ARGV[1] prefix, ARGV[2] now ms ('' = Redis TIME), ARGV[3] max age ms (0 = none),
--- ARGV[4] most dead jobs kept by this shard (0 = none), ARGV[5] limit (<= 500)
+-- ARGV[4] most dead jobs kept by this shard (0 = none), ARGV[5] limit (<= 200)
 -- Returns: {deleted, more 1 | 0}
 -- Oldest deaths go first, at most `limit` per call; the janitor calls again
 -- while `more` is set. Not replayed: a re-run deletes only what is still over.

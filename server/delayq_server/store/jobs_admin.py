@@ -11,9 +11,10 @@ from delayq_server.store.keys import EVENTS_CHANNEL, ShardKeys
 from delayq_server.store.records import JobRecord, JobState
 from delayq_server.store.store import Store, UnknownJob
 
-# Jobs per purge / retention script call: 500 deletions stay around 1 ms of
-# Redis time (bench/admin.py measures it), well under the 5 ms bound of issue 14.
-PURGE_LIMIT = 500
+# Jobs per purge / retention script call: 200 deletions take well under 1 ms
+# of Redis time on a quiet machine and stay under the 5 ms bound of issue 14
+# on a loaded one (500 reached 3-5 ms there; bench/admin.py measures it).
+PURGE_LIMIT = 200
 
 
 def _s(value: Any) -> str:

@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 INTERVAL_S = 0.25  # granularity of sweeps that are due
 RESWEEP_S = 30.0
 FAIL_BACKOFF_S = 0.5  # first retry of a failing shard; doubles up to RESWEEP_S
-RETAIN_CALLS = 20  # retain.lua calls per shard per sweep (500 jobs each); then again at once
+RETAIN_CALLS = 20  # retain.lua calls per shard per sweep (200 jobs each); then again at once
 
 
 class Janitor(Loop):
