@@ -215,3 +215,30 @@ def test_dead_retention_by_count_is_enforced_by_the_janitor(
         A.ListJobsRequest(queue=queue, state=job_pb2.JOB_STATE_DEAD), timeout=10
     ).jobs
     assert {j.id for j in listed} <= set(ids) and len(listed) == 2
+
+
+def test_dead_retention_by_age_and_completed_retention_per_queue(
+    admin: admin_pb2_grpc.AdminServiceStub, stub: Stub, queue: str
+) -> None:
+    # The server keeps completed jobs 60 s (SERVER_ARGS); this queue keeps none,
+    # and deletes dead jobs 1 s after their death.
+    _create(admin, queue, max_attempts=1, completed_retention=ms(0), dead_retention=ms(1000))
+    done, dead = enqueue(stub, queue, b"done"), enqueue(stub, queue, b"dead")
+    with Consumer(stub, [queue], max_outstanding=2) as c:
+        for d in c.take(2):
+            if d.job.id == done:
+                stub.Ack(service_pb2.AckRequest(lease_tokens=[d.lease_token]), timeout=10)
+            else:
+                stub.Nack(service_pb2.NackRequest(lease_token=d.lease_token, dead_letter=True))
+    with pytest.raises(grpc.RpcError) as exc:
+        query(stub, queue, done)  # not retained: gone at once
+    assert exc.value.code() == grpc.StatusCode.NOT_FOUND
+
+    def gone() -> bool:
+        try:
+            query(stub, queue, dead)
+        except grpc.RpcError as e:
+            return e.code() == grpc.StatusCode.NOT_FOUND
+        return False
+
+    wait_until(gone, timeout=30)  # the janitor's next pass comes when the job ages out

@@ -146,15 +146,16 @@ class JobAdmin:
 
     async def retain(
         self, keys: ShardKeys, max_age_ms: int, max_jobs: int, now_ms: int | None = None
-    ) -> tuple[int, bool]:
+    ) -> tuple[int, bool, int | None]:
         """Deletes dead jobs over the queue's retention (age or count; per shard
-        the count is max_jobs / shards, rounded up); (deleted, more to do)."""
-        deleted, more = await self._store._run(
+        the count is max_jobs / shards, rounded up); (deleted, more to do, ms
+        until the oldest dead job ages out or None)."""
+        deleted, more, next_in = await self._store._run(
             "retain",
             [keys.dead, keys.expiring],
             [keys.prefix, "" if now_ms is None else str(now_ms), max_age_ms, max_jobs, PURGE_LIMIT],
         )
-        return int(deleted), int(more) == 1
+        return int(deleted), int(more) == 1, None if int(next_in) < 0 else int(next_in)
 
     # -- listings -----------------------------------------------------------------
 

@@ -59,7 +59,7 @@ class Janitor(Loop):
                 continue
             try:
                 res = await self._store.expire(keys)
-                behind = await self._retain(keys)
+                behind, retain_in = await self._retain(keys)
             except Exception as exc:
                 failures = self._failures.get(keys, 0) + 1
                 self._failures[keys] = failures
@@ -71,20 +71,23 @@ class Janitor(Loop):
             wait = RESWEEP_S
             if res.next_ms is not None:
                 wait = min(wait, max(0.0, (res.next_ms - res.now_ms) / 1000))
+            if retain_in is not None:  # the oldest dead job ages out then
+                wait = min(wait, retain_in / 1000)
             self._due[keys] = now if behind else now + wait
         return INTERVAL_S
 
-    async def _retain(self, keys: ShardKeys) -> bool:
-        """Deletes dead jobs past the queue's retention, in bounded calls; True
-        when more are left for the next pass."""
+    async def _retain(self, keys: ShardKeys) -> tuple[bool, int | None]:
+        """Deletes dead jobs past the queue's retention, in bounded calls. Returns
+        whether more are left for the next pass, and the ms until the oldest dead
+        job ages out (None: no age bound or no dead job)."""
         settings = await self._store.queues.settings(keys.namespace, keys.queue)
         if settings is None or not (settings.dead_retention_ms or settings.dead_max_jobs):
-            return False
+            return False, None
         per_shard = 0
         if settings.dead_max_jobs:  # the count is the queue's: each shard keeps its share
             per_shard = -(-settings.dead_max_jobs // max(1, settings.shards))
         for _ in range(RETAIN_CALLS):
-            _, more = await self._jobs.retain(keys, settings.dead_retention_ms, per_shard)
+            _, more, next_in = await self._jobs.retain(keys, settings.dead_retention_ms, per_shard)
             if not more:
-                return False
-        return True
+                return False, next_in
+        return True, None
