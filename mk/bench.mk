@@ -59,6 +59,12 @@ bench-replay: deps
 bench-scale: deps
 	$(PY) -m bench.scale --cluster --json .run/bench-scale.json $(BENCH_ARGS)
 
+# Issue 14: redrive and purge of 100,000 jobs through AdminService: jobs/s and
+# the slowest Redis command (SLOWLOG) of each (bench/admin.py).
+.PHONY: bench-admin
+bench-admin: deps
+	$(PY) -m bench.admin --json .run/bench-admin.json $(BENCH_ARGS)
+
 # Issue 15: push delivery, callbacks/s to a local receiver and callback lateness.
 .PHONY: bench-push
 bench-push: deps
