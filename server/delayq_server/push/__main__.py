@@ -17,6 +17,7 @@ from delayq_server.dispatcher import Dispatcher
 from delayq_server.push import config as push_config
 from delayq_server.push.pusher import Pusher
 from delayq_server.store import Store
+from delayq_server.store.queues import QUEUE_EVENT
 from delayq_server.timers.manager import Timers
 
 log = logging.getLogger("delayq.pusher")
@@ -50,7 +51,24 @@ async def run(cfg: config.Config, targets: push_config.PushConfig, redis_url: st
         store, hub, dispatcher.on_reaped, server_id, fallback_s=cfg.wake_fallback_ms / 1000
     )
 
+    background: set[asyncio.Task[None]] = set()
+
+    def on_queue_event(tag: str, detail: str) -> None:
+        # As App._on_queue_event: settings cached by the store (completed retention
+        # at ack) follow AdminService changes made through any replica.
+        namespace, _, queue = tag.partition("/")
+        if detail != "deleted":
+            store.queues.forget(namespace, queue)
+            return
+        store.forget_queue(namespace, queue)
+        task = asyncio.create_task(timers.forget_queue(namespace, queue))
+        background.add(task)
+        task.add_done_callback(background.discard)
+
+    hub.listen(QUEUE_EVENT, on_queue_event)
+
     def resync() -> None:
+        store.queues.forget_all()  # "changed" events may have been lost
         timers.wake_all()
         dispatcher.wake_all()
 
