@@ -203,16 +203,20 @@ class App:
             )
         self.http_port = 0
         self.pusher: Pusher | None = None
-        if cfg.push_config is not None:
-            try:
-                targets = push_config.load(cfg.push_config)
-            except push_config.PushConfigError as exc:
-                raise StartupError(f"--push-config: {exc}") from exc
+        if cfg.push_config is not None or cfg.push:
+            targets = None
+            if cfg.push_config is not None:
+                try:
+                    targets = push_config.load(cfg.push_config)
+                except push_config.PushConfigError as exc:
+                    raise StartupError(f"--push-config: {exc}") from exc
             self.pusher = Pusher(targets, self.store, self.dispatcher, self.timers.ensure)
 
     def _on_queue_event(self, tag: str, detail: str) -> None:
         """A queue's settings changed or it was deleted, through any replica."""
         namespace, _, queue = tag.partition("/")
+        if self.pusher is not None:  # its push target may have changed
+            self.pusher.queue_changed(namespace, queue)
         if detail != "deleted":
             self.store.queues.forget(namespace, queue)
             return
@@ -223,6 +227,8 @@ class App:
 
     def _resync(self) -> None:
         self.store.queues.forget_all()  # "changed" events may have been lost
+        if self.pusher is not None:
+            self.pusher.resync()
         self.timers.wake_all()
         self.dispatcher.wake_all()
 

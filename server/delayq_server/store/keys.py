@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 QUEUES_KEY = "dq:queues"  # SET of "ns/queue" known to any replica
+PUSH_QUEUES_KEY = "dq:push_queues"  # SET of "ns/queue" whose settings hold a push target
 REPLICAS_KEY = "dq:replicas"  # ZSET server id -> last heartbeat ms (timer ownership)
 EVENTS_CHANNEL = "dq:events"  # pub/sub: "<shard prefix> ready" | "<shard prefix> due <ms>"
 
