@@ -181,7 +181,7 @@ class Queues:
             if settings.push is not None:
                 pipe.sadd(PUSH_QUEUES_KEY, f"{namespace}/{queue}")
             await pipe.execute()
-        self.forget(namespace, queue)
+        await self.changed(namespace, queue)  # pushers of every replica read its target
         return True
 
     async def update(self, namespace: str, queue: str, fields: dict[str, str | None]) -> None:
