@@ -112,9 +112,7 @@ def test_target_set_changed_and_cleared_through_one_replica_is_followed_by_anoth
             assert verify(SECRET.encode(), hit.headers["Delayq-Signature"], hit.body)
 
             # Clear: the mask names push, the settings leave it unset.
-            admin.UpdateQueue(
-                A.UpdateQueueRequest(queue=q, update_mask=mask("push")), timeout=10
-            )
+            admin.UpdateQueue(A.UpdateQueueRequest(queue=q, update_mask=mask("push")), timeout=10)
             wait_until(lambda: _lines(pushing_side, f"push default/{q}: target changed") >= 2, 30)
             assert not admin.GetQueue(A.GetQueueRequest(queue=q)).queue.settings.HasField("push")
             hits_before = len(rx.hits)
@@ -235,7 +233,9 @@ def test_a_target_without_a_secret_is_refused_on_a_queue_without_one(
     before = redis_digest(r)
     with pytest.raises(grpc.RpcError) as exc:
         admin.CreateQueue(
-            A.CreateQueueRequest(queue="fresh", settings=A.QueueSettings(push=push_target(OK, secret="")))
+            A.CreateQueueRequest(
+                queue="fresh", settings=A.QueueSettings(push=push_target(OK, secret=""))
+            )
         )
     assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "settings.push.secret" in (exc.value.details() or "")
