@@ -4,6 +4,7 @@ one replica, followed by the pusher of another without a restart; refusals leave
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import subprocess
 import sys
@@ -240,3 +241,31 @@ def test_a_target_without_a_secret_is_refused_on_a_queue_without_one(
     assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "settings.push.secret" in (exc.value.details() or "")
     assert redis_digest(r) == before
+
+
+def test_the_config_file_wins_for_the_queues_it_names(
+    redis_server: ManagedRedis, tmp_path: Path, q: str
+) -> None:
+    with Receiver() as from_file, Receiver() as from_settings:
+        path = tmp_path / "push.json"
+        file_target = {"queue": q, "url": from_file.url, "allow_http": True,
+                       "allowlist": ["127.0.0.1/32"], "secret": SECRET}  # fmt: skip
+        path.write_text(json.dumps({"targets": [file_target]}))
+        with (
+            DelayqProcess(redis_server.url, [*SERVER_ARGS, "--push-config", str(path)]) as proc,
+            proc.channel() as ch,
+        ):
+            admin = admin_pb2_grpc.AdminServiceStub(ch)
+            stub = proc.stub(ch)
+            admin.UpdateQueue(
+                A.UpdateQueueRequest(
+                    queue=q,
+                    settings=A.QueueSettings(push=push_target(from_settings.url)),
+                    update_mask=mask("push"),
+                ),
+                timeout=10,
+            )
+            wait_until(lambda: _lines(proc, "the push config file names this queue") >= 1, 30)
+            job_id = put(stub, q, b"file wins")
+            wait_until(state_is(stub, q, job_id, job_pb2.JOB_STATE_COMPLETED), 30)
+            assert len(from_file.hits) == 1 and not from_settings.hits
