@@ -247,6 +247,16 @@ def test_a_target_without_a_secret_is_refused_on_a_queue_without_one(
     assert redis_digest(r) == before
 
 
+def _exists(admin: admin_pb2_grpc.AdminServiceStub, q: str) -> bool:
+    try:
+        admin.GetQueue(A.GetQueueRequest(queue=q), timeout=10)
+    except grpc.RpcError as exc:
+        if exc.code() != grpc.StatusCode.NOT_FOUND:
+            raise
+        return False
+    return True
+
+
 def test_the_config_file_wins_for_the_queues_it_names(
     redis_server: ManagedRedis, tmp_path: Path, q: str
 ) -> None:
@@ -261,6 +271,7 @@ def test_the_config_file_wins_for_the_queues_it_names(
         ):
             admin = admin_pb2_grpc.AdminServiceStub(ch)
             stub = proc.stub(ch)
+            wait_until(lambda: _exists(admin, q), 30)  # the file's pusher creates it
             admin.UpdateQueue(
                 A.UpdateQueueRequest(
                     queue=q,
