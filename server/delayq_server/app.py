@@ -30,6 +30,7 @@ from delayq_server.quotas import Limits, Quotas
 from delayq_server.service import DelayQueueService
 from delayq_server.store import Store
 from delayq_server.store.quotas import QuotaStore
+from delayq_server.store.store import MIN_REDIS_VERSION
 from delayq_server.store.tokens import TokenStore
 from delayq_server.timers.manager import Timers
 
@@ -147,6 +148,7 @@ class App:
             self.dispatcher.on_message,
             on_subscribed=self._resync,
         )
+        self.timers.on_known = self.listener.want
         self.health = health_aio.HealthServicer()
         self.telemetry = telemetry.setup(cfg.otel)
         self.token_store = TokenStore(self.redis)
@@ -185,9 +187,15 @@ class App:
         self.http = HttpPort(cfg.http_listen) if cfg.http_listen else None
         self.http_port = 0
 
-    def _resync(self) -> None:
-        self.timers.wake_all()
-        self.dispatcher.wake_all()
+    def _resync(self, tag: str | None) -> None:
+        """A channel was (re)subscribed: re-check its shard (None: our own channel,
+        re-check everything), since events published in the gap are lost."""
+        if tag is None:
+            self.timers.wake_all()
+            self.dispatcher.wake_all()
+        else:
+            self.timers.recheck(tag)
+            self.dispatcher.recheck(tag)
 
     async def start(self) -> int:
         """Checks the port and Redis, starts loops, binds and serves; returns the port."""
@@ -197,9 +205,15 @@ class App:
             check_bind(self.cfg.listen)
         try:
             await self.redis.ping()
+            version = await self.store.redis_version()
             await self.store.load_scripts()
         except RedisError as exc:
             raise StartupError(f"cannot use Redis at {_safe_url(self.redis_url)}: {exc}") from exc
+        if version < MIN_REDIS_VERSION:
+            raise StartupError(
+                f"Redis at {_safe_url(self.redis_url)} is {'.'.join(map(str, version))}; "
+                "delayq needs Redis 7.0 or later (sharded pub/sub: SPUBLISH/SSUBSCRIBE)"
+            )
         self.listener.start()
         await asyncio.wait_for(self.listener.ready.wait(), 10)
         await self.timers.start()

@@ -19,11 +19,11 @@ from redis.commands.core import AsyncScript
 
 from delayq_server.store import records, scripts
 from delayq_server.store.keys import (
-    EVENTS_CHANNEL,
     QUEUES_KEY,
     REPLICAS_KEY,
     ShardKeys,
     queue_meta_key,
+    server_channel,
 )
 from delayq_server.store.records import JobRecord, JobState
 
@@ -40,6 +40,13 @@ EXPIRE_LIMIT = 200
 # around 2 ms (issue 11), at a few % of batched enqueue throughput.
 ENQUEUE_CHUNK = 100
 SCRIPTS_IN_FLIGHT = 48  # below the 64 connections per Redis node (redis_client.py)
+# Sharded pub/sub (SPUBLISH) arrived in Redis 7.0: older servers are refused at start.
+MIN_REDIS_VERSION = (7, 0)
+
+
+def shard_channel(keys: ShardKeys) -> str:
+    """Where a shard's scripts SPUBLISH its wake-ups (a seam: tests lose events here)."""
+    return keys.channel
 
 
 class UnknownJob(Exception):
@@ -275,6 +282,16 @@ class Store:
         sec, usec = await self.redis.time()
         return int(sec) * 1000 + int(usec) // 1000
 
+    async def redis_version(self) -> tuple[int, ...]:
+        """The oldest redis_version among the nodes (one node, or every cluster node)."""
+        info: Any = await self.redis.info("server")
+        nodes = info.values() if "redis_version" not in info else [info]
+        return min(tuple(int(p) for p in str(n["redis_version"]).split(".")) for n in nodes)
+
+    async def notify_server(self, server_id: str, message: str) -> None:
+        """Sends ``message`` to one replica's own shard channel (credit for its streams)."""
+        await self.redis.spublish(server_channel(server_id), message)
+
     # -- transitions ------------------------------------------------------------
 
     async def enqueue(
@@ -324,7 +341,7 @@ class Store:
             _now_arg(now_ms),
             await self._width(keys),
             self.idempotency_window_ms,
-            EVENTS_CHANNEL,
+            shard_channel(keys),
             len(jobs),
             packed,
         ]
@@ -343,7 +360,7 @@ class Store:
         moved, next_due, now = await self._run(
             "promote",
             [keys.index, keys.ready, keys.stats],
-            [keys.prefix, _now_arg(now_ms), limit, await self._width(keys), EVENTS_CHANNEL],
+            [keys.prefix, _now_arg(now_ms), limit, await self._width(keys), shard_channel(keys)],
         )
         return PromoteResult(int(moved), None if next_due < 0 else int(next_due), int(now))
 
@@ -366,7 +383,7 @@ class Store:
                 count,
                 lease_ms,
                 nonce_prefix,
-                EVENTS_CHANNEL,
+                shard_channel(keys),
                 os.urandom(8 * count).hex(),
             ],
         )
@@ -410,7 +427,7 @@ class Store:
                 -1 if delay_ms is None else delay_ms,
                 1 if dead_letter else 0,
                 reason,
-                EVENTS_CHANNEL,
+                shard_channel(keys),
             ],
         )
         self._check(int(code))
@@ -435,7 +452,7 @@ class Store:
         out = await self._run(
             "reap",
             [keys.index, keys.ready, keys.leased, keys.dead, keys.stats],
-            [keys.prefix, _now_arg(now_ms), limit, await self._width(keys), EVENTS_CHANNEL],
+            [keys.prefix, _now_arg(now_ms), limit, await self._width(keys), shard_channel(keys)],
         )
         count, next_deadline, now = int(out[0]), int(out[1]), int(out[2])
         reaped = [LeaseRef(_s(out[i]), _s(out[i + 1])) for i in range(3, len(out), 2)]
@@ -472,7 +489,7 @@ class Store:
         codes: list[int] = []
         for start in range(0, len(items), MAX_BATCH):
             chunk = items[start : start + MAX_BATCH]
-            args: list[Any] = [keys.prefix, _now_arg(now_ms), EVENTS_CHANNEL, len(chunk)]
+            args: list[Any] = [keys.prefix, _now_arg(now_ms), shard_channel(keys), len(chunk)]
             for lease, counted in chunk:
                 args += [lease.job_id, lease.nonce, 1 if counted else 0]
             out = await self._run("release", [keys.ready, keys.leased, keys.dead, keys.stats], args)
@@ -526,7 +543,7 @@ class Store:
             await self._run(
                 "dead",
                 [keys.dead, keys.ready, keys.stats],
-                [keys.prefix, action, EVENTS_CHANNEL, limit, *job_ids],
+                [keys.prefix, action, shard_channel(keys), limit, *job_ids],
             )
         )
 
