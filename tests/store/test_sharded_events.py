@@ -11,6 +11,7 @@ import redis.asyncio as aioredis
 
 from delayq_server import events
 from delayq_server.store import ShardKeys, Store
+from tests.store.test_background import until
 from tests.support.seed import spec
 
 A = ShardKeys("default", "a", 0)
@@ -40,13 +41,6 @@ async def listening(
     await asyncio.wait_for(listener.ready.wait(), 10)
     yield listener, heard
     await listener.stop()
-
-
-async def until(cond: object, timeout: float = 20.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not cond() if callable(cond) else not cond:  # type: ignore[operator]
-        assert asyncio.get_running_loop().time() < deadline, "condition never held"
-        await asyncio.sleep(0.01)
 
 
 async def test_a_listener_hears_only_the_shards_it_wants(
