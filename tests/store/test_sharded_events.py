@@ -4,7 +4,7 @@ only the shards it asked for, and a (re)subscription re-checks that shard."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 import redis.asyncio as aioredis
@@ -25,7 +25,10 @@ class Heard:
         self.events: list[tuple[str, str]] = []
         self.subscribed: list[str | None] = []
         for kind in (events.READY, events.DUE, events.LEASE):
-            hub.listen(kind, lambda tag, detail, kind=kind: self.events.append((kind, tag)))
+            hub.listen(kind, self._recorder(kind))
+
+    def _recorder(self, kind: str) -> Callable[[str, str], None]:
+        return lambda tag, detail: self.events.append((kind, tag))
 
 
 @pytest.fixture
@@ -61,7 +64,7 @@ async def test_a_listener_hears_only_the_shards_it_wants(
     # classic (broadcast) channel at all.
     numsub = dict(await aredis.pubsub_shardnumsub(A.channel, B.channel))
     assert numsub == {A.channel.encode(): 0, B.channel.encode(): 1}
-    assert await aredis.execute_command("PUBSUB", "CHANNELS") == []
+    assert await aredis.pubsub_channels() == []
 
 
 async def test_each_subscription_rechecks_its_shard(
