@@ -4,7 +4,7 @@
 -- KEYS[3] stats   HASH  counters
 -- KEYS[4] exp     ZSET  job id -> expire ms
 -- KEYS[5] dead    ZSET  job id -> time of death ms
--- ARGV[1] prefix, ARGV[2] now ms ('' = Redis TIME), ARGV[3] count (<= 500),
+-- ARGV[1] prefix, ARGV[2] now ms ('' = Redis TIME), ARGV[3] count (<= CLAIM_LIMIT, store.py),
 -- ARGV[4] lease ms, ARGV[5] nonce prefix (the stream's; a counter is appended),
 -- ARGV[6] shard channel (SPUBLISH) (publishes "<prefix> lease <deadline>" for the reaper),
 -- ARGV[7] randomness: 16 hex chars per job (count * 16), from the server's CSPRNG,
