@@ -21,7 +21,7 @@ import redis
 
 from bench.harness.stats import percentile
 from bench.scale_probe import every_node, spec
-from delayq_server.store import ShardKeys, Store
+from delayq_server.store import LeaseRef, ShardKeys, Store
 from delayq_server.store.store import CLAIM_LIMIT, PROMOTE_LIMIT
 
 SLOW_US = 5_000  # the issue's bound on one Redis command
@@ -119,7 +119,7 @@ async def burst(
     payload: bytes,
     ping_urls: Sequence[str],
 ) -> dict[str, Any]:
-    """n jobs due at one instant; promote and claim in bounded calls until all are leased."""
+    """n jobs due at one instant; promote, claim and ack in bounded calls until all are done."""
     due = now + 5_000
     for start in range(0, n, FILL_BATCH):
         jobs = [spec(due, payload) for _ in range(min(FILL_BATCH, n - start))]
@@ -134,7 +134,10 @@ async def burst(
     try:
         while moved < n or claimed < n:
             moved += (await store.promote(keys, PROMOTE_LIMIT, now_ms=due)).moved
-            claimed += len(await store.claim(keys, CLAIM_LIMIT, 60_000, "bench.1.", now_ms=due))
+            got = await store.claim(keys, CLAIM_LIMIT, 60_000, "bench.1.", now_ms=due)
+            if got:
+                await store.ack(keys, [LeaseRef(c.job_id, c.nonce) for c in got], now_ms=due)
+            claimed += len(got)
     finally:
         drain_s = time.perf_counter() - t0
         pings = pinger.stop()

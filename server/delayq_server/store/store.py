@@ -38,6 +38,10 @@ REAP_LIMIT = 200
 # lease index): 500 per call held Redis 5-20 ms in a burst (bench-scale), 100
 # stays near 1.5 ms. A stream with more credit claims again in its next round.
 CLAIM_LIMIT = 100
+# The same bound for scripts that take a caller's list of leases: an Ack or a
+# Release of 1,000 deliveries is several calls.
+ACK_CHUNK = 200
+RELEASE_CHUNK = 100
 EXPIRE_LIMIT = 200
 # Jobs per enqueue script call: 500 took 7-20 ms of Redis time, 100 stays
 # around 2 ms (issue 11), at a few % of batched enqueue throughput.
@@ -405,11 +409,20 @@ class Store:
         self, keys: ShardKeys, leases: Sequence[LeaseRef], now_ms: int | None = None
     ) -> list[int]:
         """Completes leases whose nonce is current; one AckOutcome code per lease."""
-        args: list[Any] = [keys.prefix, _now_arg(now_ms), self.completed_retention_ms, len(leases)]
-        for lease in leases:
-            args += [lease.job_id, lease.nonce]
-        out = await self._run("ack", [keys.leased, keys.stats, keys.expiring, keys.done], args)
-        return [int(x) for x in out]
+        codes: list[int] = []
+        for start in range(0, len(leases), ACK_CHUNK):
+            chunk = leases[start : start + ACK_CHUNK]
+            args: list[Any] = [
+                keys.prefix,
+                _now_arg(now_ms),
+                self.completed_retention_ms,
+                len(chunk),
+            ]
+            for lease in chunk:
+                args += [lease.job_id, lease.nonce]
+            out = await self._run("ack", [keys.leased, keys.stats, keys.expiring, keys.done], args)
+            codes += [int(x) for x in out]
+        return codes
 
     async def nack(
         self,
@@ -494,8 +507,8 @@ class Store:
         self, keys: ShardKeys, items: Sequence[tuple[LeaseRef, bool]], now_ms: int | None
     ) -> list[int]:
         codes: list[int] = []
-        for start in range(0, len(items), MAX_BATCH):
-            chunk = items[start : start + MAX_BATCH]
+        for start in range(0, len(items), RELEASE_CHUNK):
+            chunk = items[start : start + RELEASE_CHUNK]
             args: list[Any] = [keys.prefix, _now_arg(now_ms), shard_channel(keys), len(chunk)]
             for lease, counted in chunk:
                 args += [lease.job_id, lease.nonce, 1 if counted else 0]
