@@ -7,8 +7,10 @@ and burst figures, and a real server for lateness:
   due times spread over 30 days (--span-days, --payload-bytes);
 * enqueue and promote cost per job with each backlog of --backlogs in place
   (default 10k and 1M; the issue's run: 10000,1000000,10000000): wall median of
-  PROBES probes of 1,000 jobs, and CPU per job of the store code in this process
-  plus every Redis node; the ratio of the largest backlog to the smallest;
+  probes of 1,000 jobs, and CPU per job of the store code in this process plus
+  every Redis node; the ratio of the largest backlog to the smallest, also with
+  each figure divided by the same probe on an empty control Redis taken in turn
+  with it (the machine's load moves a lot between a 10k and a 10M reading);
 * lateness at --lateness-rate jobs/s due (client receive time - due time)
   through a server process, with the largest backlog in the same queue;
 * a burst of --burst jobs due in the same second, promoted and claimed in
@@ -34,7 +36,7 @@ from typing import Any
 
 from bench.scale_burst import burst
 from bench.scale_lateness import lateness
-from bench.scale_probe import probe, spec, used_memory
+from bench.scale_probe import Cost, probe, spec, used_memory
 from delayq_server import redis_client
 from delayq_server.managed_redis import ManagedRedis
 from delayq_server.store import ShardKeys, Store
@@ -42,6 +44,7 @@ from delayq_server.store import ShardKeys, Store
 DAY_MS = 86_400_000
 FILL_BATCH = 1000
 NAMESPACE, QUEUE = "bench", "scale"
+PAIRS = 3
 
 
 def _load() -> str:
@@ -84,12 +87,35 @@ async def _fill(
             t.result()
 
 
+async def _probes(
+    store: Store, control: Store, keys: ShardKeys, now: int, payload: bytes
+) -> dict[str, Cost]:
+    """PAIRS rounds that probe the backlog's Redis, then the empty control Redis,
+    in turn: both see the same machine load, so backlog/control isolates what the
+    backlog itself costs (the machine is shared and its load moves a lot)."""
+    out: dict[str, list[Cost]] = {
+        "enqueue": [],
+        "promote": [],
+        "ctl_enqueue": [],
+        "ctl_promote": [],
+    }
+    for _ in range(PAIRS):
+        for prefix, st in (("", store), ("ctl_", control)):
+            enq, pro = await probe(st, keys, now, payload)
+            out[prefix + "enqueue"].append(enq)
+            out[prefix + "promote"].append(pro)
+    return {k: Cost.mean(v) for k, v in out.items()}
+
+
 async def run(
-    url: str, label: str, args: argparse.Namespace, ping_urls: Sequence[str]
+    url: str, label: str, args: argparse.Namespace, ping_urls: Sequence[str], control_url: str
 ) -> dict[str, Any]:
     client = redis_client.connect(url)
     store = Store(client, default_shards=args.shards)
     await store.load_scripts()
+    control = Store(redis_client.connect(control_url), default_shards=args.shards)
+    await control.load_scripts()
+    await control.shard_count(NAMESPACE, QUEUE, create=True)
     payload = os.urandom(args.payload_bytes // 2 + 1).hex().encode()[: args.payload_bytes]
     now = int(time.time() * 1000)
     await store.shard_count(NAMESPACE, QUEUE, create=True)  # the server sees all shards
@@ -103,22 +129,28 @@ async def run(
         fill_s = time.perf_counter() - t0
         filled = target
         mem = await used_memory(store)
-        enq, pro = await probe(store, shards[0], now, payload)
-        row = {
+        costs = await _probes(store, control, shards[0], now, payload)
+        enq, pro = costs["enqueue"], costs["promote"]
+        row: dict[str, Any] = {
             "backlog": filled,
             "bytes_per_job": (mem - base_mem) / filled,
             "used_memory": mem,
             "fill_s": fill_s,
-            "enqueue": enq.as_dict(),
-            "promote": pro.as_dict(),
+            **{k: c.as_dict() for k, c in costs.items()},
             "load": _load(),
         }
+        for op in ("enqueue", "promote"):  # backlog / empty control, same minute
+            row[f"{op}_vs_control"] = {
+                kind: row[op][kind] / row[f"ctl_{op}"][kind] for kind in ("wall_us", "cpu_us")
+            }
         out["rows"].append(row)
         print(
             f"{label:>8} backlog {filled:>10,}: {row['bytes_per_job']:5.0f} B/job | enqueue "
             f"{enq.wall_us:5.1f} µs wall, {enq.cpu_us:5.1f} µs CPU ({enq.redis_cpu_us:4.1f} "
-            f"Redis) | promote {pro.wall_us:5.1f} µs wall, {pro.cpu_us:5.1f} µs CPU "
-            f"({pro.redis_cpu_us:4.1f} Redis) /job | fill {fill_s:.0f} s | load {row['load']}",
+            f"Redis), x{row['enqueue_vs_control']['cpu_us']:.2f} control | promote "
+            f"{pro.wall_us:5.1f} µs wall, {pro.cpu_us:5.1f} µs CPU ({pro.redis_cpu_us:4.1f} "
+            f"Redis), x{row['promote_vs_control']['cpu_us']:.2f} control /job | fill "
+            f"{fill_s:.0f} s | load {row['load']}",
             flush=True,
         )
     if args.lateness_seconds > 0:
@@ -153,6 +185,7 @@ async def run(
                 flush=True,
             )
     await client.aclose()
+    await control.redis.aclose()
     return out
 
 
@@ -165,10 +198,18 @@ def _summary(res: dict[str, Any]) -> None:
         for op in ("enqueue", "promote")
         for kind in ("wall_us", "cpu_us")
     }
-    res["ratios"] = ratios
+    # The same ratio with each figure first divided by the control's of its minute.
+    normalized = {
+        f"{op} {kind}": last[f"{op}_vs_control"][kind] / first[f"{op}_vs_control"][kind]
+        for op in ("enqueue", "promote")
+        for kind in ("wall_us", "cpu_us")
+    }
+    res["ratios"], res["ratios_vs_control"] = ratios, normalized
     print(
         f"{res['setup']}: {last['backlog']:,} vs {first['backlog']:,} backlog (target <= 1.1x): "
         + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items())
+        + "; against the control Redis of the same minute: "
+        + ", ".join(f"{k} {v:.2f}x" for k, v in normalized.items())
     )
 
 
@@ -188,16 +229,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     args.backlogs = [int(x) for x in args.backlogs.split(",")]
     setups = args.setups.split(",")
     results = []
-    with tempfile.TemporaryDirectory() as tmp:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        ManagedRedis(Path(tmp) / "control", appendonly=False) as ctl,
+    ):
         if "single" in setups:
             with ManagedRedis(Path(tmp) / "single", appendonly=False) as r:
-                results.append(asyncio.run(run(r.url, "1 node", args, [r.url])))
+                results.append(asyncio.run(run(r.url, "1 node", args, [r.url], ctl.url)))
         if "cluster" in setups:
             from tests.support.cluster import ManagedCluster
 
             with ManagedCluster(Path(tmp) / "cluster") as c:
                 nodes = [f"redis://127.0.0.1:{n.port}" for n in c.nodes]
-                results.append(asyncio.run(run(c.url, "cluster", args, nodes)))
+                results.append(asyncio.run(run(c.url, "cluster", args, nodes, ctl.url)))
     for res in results:
         _summary(res)
     if args.json:

@@ -82,6 +82,15 @@ class Cost:
     def cpu_us(self) -> float:
         return self.store_cpu_us + self.redis_cpu_us
 
+    @staticmethod
+    def mean(costs: list[Cost]) -> Cost:
+        n = len(costs)
+        return Cost(
+            sum(c.wall_us for c in costs) / n,
+            sum(c.store_cpu_us for c in costs) / n,
+            sum(c.redis_cpu_us for c in costs) / n,
+        )
+
     def as_dict(self) -> dict[str, float]:
         return {
             "wall_us": self.wall_us,
