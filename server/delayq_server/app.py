@@ -13,7 +13,7 @@ import grpc
 from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from delayq.v1 import admin_pb2, admin_pb2_grpc, service_pb2, service_pb2_grpc
 from delayq_server import clock, events, redis_client, telemetry
@@ -30,7 +30,6 @@ from delayq_server.quotas import Limits, Quotas
 from delayq_server.service import DelayQueueService
 from delayq_server.store import Store
 from delayq_server.store.quotas import QuotaStore
-from delayq_server.store.store import MIN_REDIS_VERSION
 from delayq_server.store.tokens import TokenStore
 from delayq_server.timers.manager import Timers
 
@@ -205,15 +204,16 @@ class App:
             check_bind(self.cfg.listen)
         try:
             await self.redis.ping()
-            version = await self.store.redis_version()
             await self.store.load_scripts()
         except RedisError as exc:
             raise StartupError(f"cannot use Redis at {_safe_url(self.redis_url)}: {exc}") from exc
-        if version < MIN_REDIS_VERSION:
+        try:  # wake-ups need sharded pub/sub (Redis 7.0); an ACL user may lack it too
+            await self.store.notify_server(self.server_id, "hello")
+        except ResponseError as exc:
             raise StartupError(
-                f"Redis at {_safe_url(self.redis_url)} is {'.'.join(map(str, version))}; "
-                "delayq needs Redis 7.0 or later (sharded pub/sub: SPUBLISH/SSUBSCRIBE)"
-            )
+                f"Redis at {_safe_url(self.redis_url)} refused SPUBLISH ({exc}): delayq needs "
+                "Redis 7.0 or later, and an ACL user needs +spublish +ssubscribe"
+            ) from exc
         self.listener.start()
         await asyncio.wait_for(self.listener.ready.wait(), 10)
         await self.timers.start()

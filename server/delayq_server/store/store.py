@@ -47,8 +47,6 @@ EXPIRE_LIMIT = 200
 # around 2 ms (issue 11), at a few % of batched enqueue throughput.
 ENQUEUE_CHUNK = 100
 SCRIPTS_IN_FLIGHT = 48  # below the 64 connections per Redis node (redis_client.py)
-# Sharded pub/sub (SPUBLISH) arrived in Redis 7.0: older servers are refused at start.
-MIN_REDIS_VERSION = (7, 0)
 
 
 def shard_channel(keys: ShardKeys) -> str:
@@ -293,12 +291,6 @@ class Store:
     async def time_ms(self) -> int:
         sec, usec = await self.redis.time()
         return int(sec) * 1000 + int(usec) // 1000
-
-    async def redis_version(self) -> tuple[int, ...]:
-        """The oldest redis_version among the nodes (one node, or every cluster node)."""
-        info: Any = await self.redis.info("server")
-        nodes = info.values() if "redis_version" not in info else [info]
-        return min(tuple(int(p) for p in str(n["redis_version"]).split(".")) for n in nodes)
 
     async def notify_server(self, server_id: str, message: str) -> None:
         """Sends ``message`` to one replica's own shard channel (credit for its streams)."""
