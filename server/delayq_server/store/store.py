@@ -25,6 +25,7 @@ from delayq_server.store.keys import (
     queue_meta_key,
     server_channel,
 )
+from delayq_server.store.queues import Queues
 from delayq_server.store.records import JobRecord, JobState
 
 if TYPE_CHECKING:
@@ -202,6 +203,22 @@ class Store:
         # connections are busy, but redis-py's cluster client fails instead
         # ("Too many connections"); a batch over hundreds of shards must queue.
         self._in_flight = asyncio.Semaphore(SCRIPTS_IN_FLIGHT)
+        self.queues = Queues(self)
+
+    def forget_queue(self, namespace: str, queue: str) -> None:
+        """Drops what this replica cached of a deleted queue (shards, width, settings)."""
+        self._shards.pop((namespace, queue), None)
+        self._widths.pop((namespace, queue), None)
+        self.queues.forget(namespace, queue)
+
+    async def completed_retention(self, keys: ShardKeys) -> int:
+        """The queue's completed-retention window, else the server's (issue 14)."""
+        settings = self.queues.cached(keys.namespace, keys.queue)
+        if settings is None:
+            settings = await self.queues.settings(keys.namespace, keys.queue)
+        if settings is None or settings.completed_retention_ms is None:
+            return self.completed_retention_ms
+        return settings.completed_retention_ms
 
     def script_shas(self) -> dict[str, str]:
         """sha1 -> script name, to read SLOWLOG entries (EVALSHA <sha>)."""
@@ -380,7 +397,7 @@ class Store:
         count = min(count, CLAIM_LIMIT)
         out = await self._run(
             "claim",
-            [keys.ready, keys.leased, keys.stats, keys.expiring, keys.dead],
+            [keys.ready, keys.leased, keys.stats, keys.expiring, keys.dead, keys.paused],
             [
                 keys.prefix,
                 _now_arg(now_ms),
@@ -402,13 +419,14 @@ class Store:
         self, keys: ShardKeys, leases: Sequence[LeaseRef], now_ms: int | None = None
     ) -> list[int]:
         """Completes leases whose nonce is current; one AckOutcome code per lease."""
+        retention = await self.completed_retention(keys)
         codes: list[int] = []
         for start in range(0, len(leases), ACK_CHUNK):
             chunk = leases[start : start + ACK_CHUNK]
             args: list[Any] = [
                 keys.prefix,
                 _now_arg(now_ms),
-                self.completed_retention_ms,
+                retention,
                 len(chunk),
             ]
             for lease in chunk:
@@ -541,7 +559,7 @@ class Store:
                 _now_arg(now_ms),
                 await self._width(keys),
                 limit,
-                self.completed_retention_ms,
+                await self.completed_retention(keys),
             ],
         )
         return ExpireResult(
