@@ -16,7 +16,7 @@ from grpc_reflection.v1alpha import reflection
 from redis.exceptions import RedisError, ResponseError
 
 from delayq.v1 import admin_pb2, admin_pb2_grpc, service_pb2, service_pb2_grpc
-from delayq_server import clock, dashboard, events, redis_client, telemetry
+from delayq_server import clock, dashboard, events, redis_client, resync, telemetry
 from delayq_server.admin.common import Deps
 from delayq_server.admin.jobs import JobOps
 from delayq_server.admin.queues import QueueOps
@@ -30,6 +30,8 @@ from delayq_server.dashboard import DashboardApi
 from delayq_server.decode_guard import DecodeGuard, guarded
 from delayq_server.dispatcher import Dispatcher
 from delayq_server.http_port import HttpPort
+from delayq_server.push import config as push_config
+from delayq_server.push.pusher import Pusher
 from delayq_server.quotas import Limits, Quotas
 from delayq_server.service import DelayQueueService
 from delayq_server.store import Store
@@ -151,7 +153,7 @@ class App:
             self.hub,
             self.server_id,
             self.dispatcher.on_message,
-            on_subscribed=self._resync,
+            on_subscribed=resync.on_resubscribed(self.store, self.timers, self.dispatcher),
         )
         self.timers.on_known = self.listener.want
         self.health = health_aio.HealthServicer()
@@ -201,6 +203,13 @@ class App:
                 self.http.app, DashboardApi(self.queue_ops, self.job_ops, self.authenticator)
             )
         self.http_port = 0
+        self.pusher: Pusher | None = None
+        if cfg.push_config is not None:
+            try:
+                targets = push_config.load(cfg.push_config)
+            except push_config.PushConfigError as exc:
+                raise StartupError(f"--push-config: {exc}") from exc
+            self.pusher = Pusher(targets, self.store, self.dispatcher, self.timers.ensure)
 
     def _on_queue_event(self, tag: str, detail: str) -> None:
         """A queue's settings changed or it was deleted, through any replica."""
@@ -212,20 +221,6 @@ class App:
         task = asyncio.create_task(self.timers.forget_queue(namespace, queue))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-
-    def _resync(self, tag: str | None) -> None:
-        """A channel was (re)subscribed: re-check its shard (None: our own channel,
-        re-check everything), since events published in the gap are lost."""
-        if tag is None:
-            self.store.queues.forget_all()  # "changed" events may have been lost
-            self.timers.wake_all()
-            self.dispatcher.wake_all()
-            return
-        if tag.endswith("/0"):  # queue events travel on shard 0's channel
-            namespace, _, rest = tag.partition("/")
-            self.store.queues.forget(namespace, rest.rpartition("/")[0])
-        self.timers.recheck(tag)
-        self.dispatcher.recheck(tag)
 
     async def start(self) -> int:
         """Checks the port and Redis, starts loops, binds and serves; returns the port."""
@@ -291,6 +286,8 @@ class App:
                 self.cfg.listen,
             )
         await self.server.start()
+        if self.pusher is not None:
+            self.pusher.start()
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
         return self.port
@@ -311,6 +308,8 @@ class App:
         """Graceful: refuse new work, end streams (releasing their leases), drain, close."""
         grace = self.cfg.grace_ms / 1000 if grace_s is None else grace_s
         await self.health.enter_graceful_shutdown()
+        if self.pusher is not None:  # before the streams close: its own settle first
+            await self.pusher.stop()
         self.dispatcher.close_all()
         await self.server.stop(grace)
         if self.http is not None:
@@ -323,6 +322,9 @@ class App:
 
     async def abort(self) -> None:
         """Undoes a start that failed half-way (nothing was served)."""
+        if self.pusher is not None:
+            with contextlib.suppress(Exception):
+                await self.pusher.stop()
         if self.http is not None:
             with contextlib.suppress(Exception):
                 await self.http.stop()
