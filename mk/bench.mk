@@ -53,11 +53,12 @@ bench-redelivery: deps
 bench-replay: deps
 	$(PY) -m bench.replay_overhead $(BENCH_ARGS)
 
-# Issue 11: big backlogs (10k, 1M, 10M delayed jobs over 30 days) and a burst of
-# 1M jobs due at once, on one Redis and on a 3-master cluster (bench/scale.py).
+# Issue 11: big backlogs, lateness with the backlog in place and a burst of jobs due
+# at once, on one Redis and on a 3-master cluster (bench/scale.py). The issue's run:
+# make bench-scale BENCH_ARGS="--backlogs 10000,1000000,10000000 --burst 1000000"
 .PHONY: bench-scale
 bench-scale: deps
-	$(PY) -m bench.scale --cluster --json .run/bench-scale.json $(BENCH_ARGS)
+	$(PY) -m bench.scale --json .run/bench-scale.json $(BENCH_ARGS)
 
 # Issue 14: redrive and purge of 100,000 jobs through AdminService: jobs/s and
 # the slowest Redis command (SLOWLOG) of each (bench/admin.py).

@@ -13,10 +13,10 @@ import grpc
 from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from delayq.v1 import admin_pb2, admin_pb2_grpc, service_pb2, service_pb2_grpc
-from delayq_server import clock, dashboard, events, redis_client, telemetry
+from delayq_server import clock, dashboard, events, redis_client, resync, telemetry
 from delayq_server.admin.common import Deps
 from delayq_server.admin.jobs import JobOps
 from delayq_server.admin.queues import QueueOps
@@ -153,8 +153,9 @@ class App:
             self.hub,
             self.server_id,
             self.dispatcher.on_message,
-            on_subscribed=self._resync,
+            on_subscribed=resync.on_resubscribed(self.store, self.timers, self.dispatcher),
         )
+        self.timers.on_known = self.listener.want
         self.health = health_aio.HealthServicer()
         self.telemetry = telemetry.setup(cfg.otel)
         self.token_store = TokenStore(self.redis)
@@ -221,11 +222,6 @@ class App:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def _resync(self) -> None:
-        self.store.queues.forget_all()  # "changed" events may have been lost
-        self.timers.wake_all()
-        self.dispatcher.wake_all()
-
     async def start(self) -> int:
         """Checks the port and Redis, starts loops, binds and serves; returns the port."""
         # The port first: a server that cannot listen must not join the replicas
@@ -237,6 +233,13 @@ class App:
             await self.store.load_scripts()
         except RedisError as exc:
             raise StartupError(f"cannot use Redis at {_safe_url(self.redis_url)}: {exc}") from exc
+        try:  # wake-ups need sharded pub/sub (Redis 7.0); an ACL user may lack it too
+            await self.store.notify_server(self.server_id, "hello")
+        except ResponseError as exc:
+            raise StartupError(
+                f"Redis at {_safe_url(self.redis_url)} refused SPUBLISH ({exc}): delayq needs "
+                "Redis 7.0 or later, and an ACL user needs +spublish +ssubscribe"
+            ) from exc
         self.listener.start()
         await asyncio.wait_for(self.listener.ready.wait(), 10)
         await self.timers.start()

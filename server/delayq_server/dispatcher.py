@@ -20,7 +20,6 @@ from collections.abc import Callable
 from delayq_server import events
 from delayq_server.ids import LeaseToken
 from delayq_server.store import Claimed, LeaseRef, ShardKeys, Store
-from delayq_server.store.keys import server_channel
 from delayq_server.stream import IDLE_FALLBACK_S, ConsumeStream
 from delayq_server.wakeups import ReadyBoard
 
@@ -119,6 +118,10 @@ class Dispatcher:
         self._releases.add(task)
         task.add_done_callback(self._release_done)
 
+    def recheck(self, tag: str) -> None:
+        """The shard's channel was (re)subscribed: a "ready" may have been lost."""
+        self.board.fire(tag)
+
     def wake_all(self) -> None:
         """After a possible loss of events: every stream re-checks all its shards."""
         for stream in self._streams.values():
@@ -194,9 +197,7 @@ class Dispatcher:
         self.on_message(kind, local)
         for server_id, items in remote.items():
             with contextlib.suppress(Exception):
-                await self.store.redis.publish(
-                    server_channel(server_id), f"{kind} " + " ".join(items)
-                )
+                await self.store.notify_server(server_id, f"{kind} " + " ".join(items))
 
     def on_message(self, kind: str, items: list[str]) -> None:
         """A message for this replica's streams, local or from another replica."""

@@ -6,7 +6,7 @@
 -- KEYS[4] dead    ZSET  job id -> time of death ms
 -- KEYS[5] stats   HASH  counters
 -- ARGV[1] prefix, ARGV[2] now ms ('' = Redis TIME), ARGV[3] limit (<= 500),
--- ARGV[4] bucket width ms, ARGV[5] events channel,
+-- ARGV[4] bucket width ms, ARGV[5] shard channel (SPUBLISH),
 -- ARGV[6] events MAXLEN (0 = off; lua/includes/events.lua)
 -- Returns: {reaped, next lease deadline ms (-1 none), now, then per reaped job: id, old nonce}
 -- Conditional on the deadline, so any number of replicas may run it.
@@ -38,6 +38,6 @@ end
 out[1] = #ids
 local head = redis.call('ZRANGE', k_leased, 0, 0, 'WITHSCORES')
 if head[2] then out[2] = tonumber(head[2]) end
-if pushed > 0 and was_empty then redis.call('PUBLISH', channel, prefix .. ' ready ' .. pushed) end
-if #ids > 0 then redis.call('PUBLISH', channel, prefix .. ' due 0') end
+if pushed > 0 and was_empty then redis.call('SPUBLISH', channel, prefix .. ' ready ' .. pushed) end
+if #ids > 0 then redis.call('SPUBLISH', channel, prefix .. ' due 0') end
 return out, #ids > 0
