@@ -17,6 +17,7 @@ from redis.exceptions import RedisError
 
 from delayq.v1 import admin_pb2, admin_pb2_grpc, service_pb2, service_pb2_grpc
 from delayq_server import clock, events, redis_client, telemetry
+from delayq_server import reflection as described_reflection
 from delayq_server.admin_service import AdminService
 from delayq_server.auth import bootstrap
 from delayq_server.auth.certs import CertRoles
@@ -216,7 +217,7 @@ class App:
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, registrar)
         if self.cfg.reflection:
-            reflection.enable_server_reflection(
+            described_reflection.enable(
                 (SERVICE_NAME, ADMIN_SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME),
                 registrar,
             )

@@ -24,3 +24,15 @@ def test_reflection_lists_and_describes_the_service(channel: grpc.Channel) -> No
     methods = {m.name for s in desc.service for m in s.method}
     assert {"Enqueue", "EnqueueBatch", "Consume", "Ack", "Nack", "ExtendLease", "Query",
             "Delete", "GetQueueStats"} <= methods  # fmt: skip
+
+
+def test_reflection_finds_methods_and_serves_comments(channel: grpc.Channel) -> None:
+    """grpcurl `describe Service.Method` asks for the method's symbol; comments
+    come from the descriptors' source info (server/delayq_server/reflection.py)."""
+    db = ProtoReflectionDescriptorDatabase(channel)
+    desc = db.FindFileContainingSymbol("delayq.v1.DelayQueueService.Enqueue")
+    assert desc.name == "delayq/v1/service.proto"
+    comments = [loc.leading_comments for loc in desc.source_code_info.location]
+    assert any("Enqueue stores one job" in c for c in comments)
+    health = db.FindFileContainingSymbol("grpc.health.v1.Health")  # still from the pool
+    assert health.service[0].name == "Health"
