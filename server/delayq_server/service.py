@@ -18,7 +18,7 @@ from delayq_server.dispatcher import Dispatcher
 from delayq_server.errors import InvalidArgument, NotFound
 from delayq_server.quotas import Quotas
 from delayq_server.release_service import ReleaseServicer
-from delayq_server.store import AckOutcome, JobSpec, ShardKeys, StaleLease, Store, UnknownJob
+from delayq_server.store import AckOutcome, BacklogDue, JobSpec, ShardKeys, StaleLease, Store, UnknownJob
 from delayq_server.telemetry import Telemetry
 from delayq_server.timers.manager import Timers
 
@@ -377,8 +377,10 @@ class DelayQueueService(ReleaseServicer, service_pb2_grpc.DelayQueueServiceServi
         oldest: int | None = None
         next_due: int | None = None
         now = 0
+        due = BacklogDue()
         for s in range(shards):
             st = await self._store.shard_stats(ShardKeys(ns, queue, s))
+            due += await self._store.backlog_due(ShardKeys(ns, queue, s))
             now = st.now_ms
             stats.scheduled += st.scheduled
             stats.ready += st.ready
@@ -398,6 +400,10 @@ class DelayQueueService(ReleaseServicer, service_pb2_grpc.DelayQueueServiceServi
             stats.oldest_ready_age.CopyFrom(convert.dur(max(0, now - oldest)))
         if next_due is not None:
             stats.next_due_time.CopyFrom(convert.ts(next_due))
+        stats.backlog_due.within_minute = due.within_minute
+        stats.backlog_due.within_hour = due.within_hour
+        stats.backlog_due.within_day = due.within_day
+        stats.backlog_due.later = due.later
         return service_pb2.GetQueueStatsResponse(stats=stats)
 
     @errors.unary

@@ -10,6 +10,7 @@ _INCLUDE = re.compile(r"^-- @include (\w+)$", re.MULTILINE)
 
 NAMES = (
     "ack",
+    "backlog",
     "claim",
     "dead",
     "delete",
@@ -46,7 +47,7 @@ SELF_GUARDED = frozenset({"claim"})
 NOT_REPLAYED = frozenset({"promote", "expire"})
 # Not replayed either: reads, and liveness scripts whose re-run sets the same
 # lease or heartbeat again (own.lua, replicas.lua: ARGV[1] is no shard prefix).
-NOT_REPLAYED |= {"read", "own", "replicas"}
+NOT_REPLAYED |= {"read", "own", "replicas", "backlog"}
 REPLAYED = frozenset(NAMES) - NOT_REPLAYED
 # Quota scripts (store/quotas.py) are not replayed either: a re-sent
 # quota_queue or quota_stream is idempotent, and a re-sent quota_rate at worst

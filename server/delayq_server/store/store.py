@@ -18,6 +18,7 @@ import msgpack
 from redis.commands.core import AsyncScript
 
 from delayq_server.store import records, scripts
+from delayq_server.store.backlog import BacklogDue, backlog_due
 from delayq_server.store.keys import (
     EVENTS_CHANNEL,
     QUEUES_KEY,
@@ -621,6 +622,10 @@ class Store:
             counters=counters,
             now_ms=now_ms,
         )
+
+    async def backlog_due(self, keys: ShardKeys, now_ms: int | None = None) -> BacklogDue:
+        """The shard's backlog by due time (store/backlog.py)."""
+        return await backlog_due(self._run, keys, await self._width(keys), now_ms)
 
     async def dead_page(
         self, keys: ShardKeys, offset: int, count: int
