@@ -27,9 +27,12 @@ from delayq_server.config import Config
 from delayq_server.decode_guard import DecodeGuard, guarded
 from delayq_server.dispatcher import Dispatcher
 from delayq_server.http_port import HttpPort
+from delayq_server.http_port import metrics as metrics_route
+from delayq_server.otel_providers import TelemetryConfigError
+from delayq_server.queue_gauges import QueueGauges
 from delayq_server.quotas import Limits, Quotas
 from delayq_server.service import DelayQueueService
-from delayq_server.store import Store
+from delayq_server.store import LeaseRef, ShardKeys, Store
 from delayq_server.store.quotas import QuotaStore
 from delayq_server.store.tokens import TokenStore
 from delayq_server.timers.manager import Timers
@@ -117,6 +120,12 @@ class App:
             log.warning("local clock skewed by %d ms (test setting)", cfg.clock_skew_ms)
         clock.set_skew_ms(cfg.clock_skew_ms)
         self.redis_url = redis_url
+        try:
+            self.telemetry = telemetry.setup(
+                cfg.otel, cfg.http_listen is not None, {"service.instance.id": self.server_id}
+            )
+        except TelemetryConfigError as exc:
+            raise StartupError(str(exc)) from exc
         self.redis = redis_client.connect(redis_url)
         self.store = Store(
             self.redis,
@@ -125,6 +134,7 @@ class App:
             completed_retention_ms=cfg.completed_retention_ms,
             default_shards=cfg.shards_per_queue,
             events_maxlen=cfg.events_maxlen if cfg.record_events else 0,
+            observe=self.telemetry.observe_script if self.telemetry.metering else None,
         )
         self.hub = events.EventHub()
         self.dispatcher = Dispatcher(
@@ -134,10 +144,12 @@ class App:
             on_leased=lambda keys, deadline_ms: self.timers.lease_taken(keys, deadline_ms),
             idle_fallback_s=cfg.wake_fallback_ms / 1000,
         )
+        if self.telemetry.metering:
+            self.dispatcher.on_released = self.telemetry.on_released
         self.timers = Timers(
             self.store,
             self.hub,
-            self.dispatcher.on_reaped,
+            self._on_reaped,
             self.server_id,
             fallback_s=cfg.wake_fallback_ms / 1000,
         )
@@ -149,7 +161,6 @@ class App:
             on_subscribed=self._resync,
         )
         self.health = health_aio.HealthServicer()
-        self.telemetry = telemetry.setup(cfg.otel)
         self.token_store = TokenStore(self.redis)
         self.authenticator: TokenAuthenticator | None = None
         interceptors = [*self.telemetry.interceptors()]
@@ -185,6 +196,22 @@ class App:
         # Features add their routes to http.app before start() (http_port/server.py).
         self.http = HttpPort(cfg.http_listen) if cfg.http_listen else None
         self.http_port = 0
+        self.gauges: QueueGauges | None = None
+        if self.telemetry.metering:
+            self.gauges = QueueGauges(
+                self.store,
+                self.telemetry,
+                self.timers.queues,
+                self.dispatcher.stream_count,
+                self.dispatcher.leases_in_flight,
+            )
+            registry = self.telemetry.providers.prometheus_registry
+            if self.http is not None and registry is not None:
+                metrics_route.add_routes(self.http.app, registry, self.gauges)
+
+    def _on_reaped(self, keys: ShardKeys, leases: list[LeaseRef]) -> None:
+        self.telemetry.on_reaped(keys, leases)
+        self.dispatcher.on_reaped(keys, leases)
 
     def _resync(self) -> None:
         self.timers.wake_all()
@@ -204,6 +231,8 @@ class App:
         self.listener.start()
         await asyncio.wait_for(self.listener.ready.wait(), 10)
         await self.timers.start()
+        if self.gauges is not None and self.telemetry.providers.push_metrics:
+            self.gauges.start_background()
         service = DelayQueueService(
             self.cfg, self.store, self.dispatcher, self.timers, self.telemetry, self.quotas
         )
@@ -281,6 +310,9 @@ class App:
         if self.http is not None:
             with contextlib.suppress(Exception):
                 await self.http.stop()
+        if self.gauges is not None:
+            with contextlib.suppress(Exception):
+                await self.gauges.stop()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.timers.stop(), FINISH_TIMEOUT_S)
         with contextlib.suppress(Exception):
@@ -289,6 +321,8 @@ class App:
             await self.redis.aclose()
 
     async def _finish(self) -> None:
+        if self.gauges is not None:
+            await self.gauges.stop()
         await self.dispatcher.drain_releases()
         await self.timers.stop()
         await self.listener.stop()

@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 from redis.asyncio.client import PubSub
 
+from delayq_server import logs
 from delayq_server.redis_client import RedisClient
 from delayq_server.store.keys import EVENTS_CHANNEL, server_channel
 
@@ -142,6 +143,13 @@ class PubSubListener:
                 # Also after redis-py re-subscribed by itself on a new
                 # connection: whatever was published in the gap is lost.
                 self.resubscribes += 1
+                if self.resubscribes > 1:
+                    logs.event(
+                        log,
+                        "redis_reconnected",
+                        "Redis pub/sub subscribed again; re-checking every shard",
+                        resubscribes=self.resubscribes - 1,
+                    )
                 last_pong = clock()
                 self.ready.set()
                 self._on_subscribed()

@@ -100,6 +100,6 @@ class DescribedReflection(ReflectionServicer):  # type: ignore[misc]
 def enable(service_names: Iterable[str], server: grpc.aio.Server) -> None:
     """Registers reflection (v1alpha, which grpcurl and grpc_cli use) on ``server``."""
     data = resources.files("delayq_server").joinpath(DESCRIPTORS).read_bytes()
-    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(  # type: ignore[no-untyped-call]
+    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(
         DescribedReflection(service_names, data), server
     )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Any
 
 import grpc
@@ -12,6 +12,7 @@ from delayq.v1 import service_pb2
 from delayq_server import errors, validation
 from delayq_server.dispatcher import Dispatcher
 from delayq_server.store import ReleaseOutcome, ShardKeys, Store
+from delayq_server.telemetry import Telemetry
 
 _RESULT = {
     ReleaseOutcome.RELEASED: service_pb2.RELEASE_RESULT_RELEASED,
@@ -25,6 +26,7 @@ class ReleaseServicer:
 
     _store: Store
     _dispatcher: Dispatcher
+    _tel: Telemetry
 
     @errors.unary
     async def Release(
@@ -44,7 +46,9 @@ class ReleaseServicer:
         await asyncio.gather(*(run(k, v) for k, v in by_shard.items()))
         # The stream gets the credit back after a cooldown (a closed one in its
         # grace stops holding the leases at once).
-        await self._dispatcher.given_back(
-            [t for t, c in zip(tokens, codes, strict=True) if c == ReleaseOutcome.RELEASED]
-        )
+        released = [t for t, c in zip(tokens, codes, strict=True) if c == ReleaseOutcome.RELEASED]
+        await self._dispatcher.given_back(released)
+        if self._tel.metering:
+            for keys, n in Counter(t.keys for t in released).items():
+                self._tel.on_released(keys, n)
         return service_pb2.ReleaseResponse(results=[_RESULT[c] for c in codes])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 import zlib
 from collections import defaultdict
 from typing import Any
@@ -12,13 +13,22 @@ from typing import Any
 import grpc
 
 from delayq.v1 import job_pb2, service_pb2, service_pb2_grpc
-from delayq_server import convert, errors, framing, ids, validation
+from delayq_server import convert, errors, framing, ids, logs, validation
 from delayq_server.config import Config
 from delayq_server.dispatcher import Dispatcher
 from delayq_server.errors import InvalidArgument, NotFound
 from delayq_server.quotas import Quotas
 from delayq_server.release_service import ReleaseServicer
-from delayq_server.store import AckOutcome, BacklogDue, JobSpec, ShardKeys, StaleLease, Store, UnknownJob
+from delayq_server.store import (
+    AckOutcome,
+    BacklogDue,
+    JobSpec,
+    JobState,
+    ShardKeys,
+    StaleLease,
+    Store,
+    UnknownJob,
+)
 from delayq_server.telemetry import Telemetry
 from delayq_server.timers.manager import Timers
 
@@ -31,9 +41,6 @@ _ACK_RESULT = {
     AckOutcome.STALE: service_pb2.ACK_RESULT_STALE,
     AckOutcome.UNKNOWN: service_pb2.ACK_RESULT_UNKNOWN,
 }
-
-
-_ACK_NAME = {AckOutcome.ACKED: "acked", AckOutcome.STALE: "stale", AckOutcome.UNKNOWN: "unknown"}
 
 
 def _shard_for(key: str, shards: int) -> int:
@@ -58,7 +65,7 @@ class DelayQueueService(ReleaseServicer, service_pb2_grpc.DelayQueueServiceServi
         self._store = store
         self._dispatcher = dispatcher
         self._timers = timers
-        self._tel = telemetry or Telemetry(False)
+        self._tel = telemetry or Telemetry()
         self._rr = 0
 
     # -- helpers --------------------------------------------------------------------
@@ -154,9 +161,8 @@ class DelayQueueService(ReleaseServicer, service_pb2_grpc.DelayQueueServiceServi
                 if r.due_ms >= 0:  # unknown for a duplicate whose job and record are gone
                     resp.due_time.CopyFrom(convert.ts(r.due_ms))
                 out[index] = resp
-            self._tel.enqueued.add(
-                sum(1 for r in results if not r.duplicate), {"delayq.queue": keys.queue}
-            )
+            if self._tel.metering:
+                self._tel.on_enqueued(keys, sum(1 for r in results if not r.duplicate))
             ttls = [s.ttl_ms for _, s in items if s.ttl_ms]
             if ttls:
                 self._timers.expect_expiry(keys, min(ttls))
@@ -240,15 +246,16 @@ class DelayQueueService(ReleaseServicer, service_pb2_grpc.DelayQueueServiceServi
     @errors.streaming
     async def Consume(self, request: service_pb2.ConsumeRequest, context: Ctx) -> Any:
         inp = validation.consume(request, self._cfg)
+        peer = context.peer()
         if self._quotas is None:
-            async for item in self._consume(inp):
+            async for item in self._consume(inp, peer):
                 yield item
             return
         async with self._quotas.stream(inp.namespace):
-            async for item in self._consume(inp):
+            async for item in self._consume(inp, peer):
                 yield item
 
-    async def _consume(self, inp: validation.ConsumeInput) -> Any:
+    async def _consume(self, inp: validation.ConsumeInput, peer: str) -> Any:
         shards_by_queue = []
         for q in inp.queues:
             count = await self._shards(inp.namespace, q, create=True)
@@ -257,8 +264,15 @@ class DelayQueueService(ReleaseServicer, service_pb2_grpc.DelayQueueServiceServi
             shards_by_queue, inp.max_outstanding, inp.lease_ms, inp.max_batch, inp.release_grace_ms
         )
         cap = self._cfg.max_response_bytes
+        opened = time.monotonic()
+        delivered = 0
+        logs.event(
+            log, "stream_opened", "consume stream opened", peer=peer, namespace=inp.namespace,
+            queues=",".join(inp.queues), stream=stream.seq, max_outstanding=inp.max_outstanding,
+        )  # fmt: skip
         try:
             async for batch in stream.deliveries():
+                claimed_at = time.monotonic()
                 deliveries = [
                     job_pb2.Delivery(
                         job=convert.job(keys, c.job_id, c.record, c.record.last_delivery_ms),
@@ -269,7 +283,8 @@ class DelayQueueService(ReleaseServicer, service_pb2_grpc.DelayQueueServiceServi
                     for keys, c in batch
                 ]
                 if self._tel.enabled:
-                    self._tel.on_delivered(batch)
+                    self._tel.on_delivered(batch, time.monotonic() - claimed_at)
+                delivered += len(batch)
                 # A default client refuses messages over 4 MiB: cap each by bytes.
                 sizes = [framing.bound(c.record) for _, c in batch]
                 for start, end in framing.split(sizes, cap):
@@ -277,6 +292,12 @@ class DelayQueueService(ReleaseServicer, service_pb2_grpc.DelayQueueServiceServi
                     yield service_pb2.ConsumeResponse(deliveries=deliveries[start:end])
         finally:
             self._dispatcher.close(stream)
+            logs.event(
+                log, "stream_closed", "consume stream closed", peer=peer,
+                namespace=inp.namespace, queues=",".join(inp.queues), stream=stream.seq,
+                delivered=delivered, unanswered=len(stream.outstanding),
+                open_s=round(time.monotonic() - opened, 3),
+            )  # fmt: skip
 
     @errors.unary
     async def Ack(self, request: service_pb2.AckRequest, context: Ctx) -> service_pb2.AckResponse:
@@ -300,8 +321,14 @@ class DelayQueueService(ReleaseServicer, service_pb2_grpc.DelayQueueServiceServi
         await self._dispatcher.answered(
             [t for t, c in zip(tokens, codes, strict=True) if c != AckOutcome.ACKED]
         )
-        if self._tel.enabled:
-            self._tel.on_acked([_ACK_NAME[c] for c in codes])
+        if self._tel.metering:
+            self._tel.on_acked(
+                [
+                    (t.keys, t.job_id)
+                    for t, c in zip(tokens, codes, strict=True)
+                    if c == AckOutcome.ACKED
+                ]
+            )
         return service_pb2.AckResponse(results=[_ACK_RESULT[c] for c in codes])
 
     @errors.unary
@@ -322,6 +349,15 @@ class DelayQueueService(ReleaseServicer, service_pb2_grpc.DelayQueueServiceServi
             await self._dispatcher.answered([token])  # a late answer: see Ack
             raise
         await self._dispatcher.credit([token])
+        dead = outcome.state == JobState.DEAD
+        if self._tel.metering:
+            self._tel.on_nacked(token.keys, dead)
+        if dead:
+            logs.event(
+                log, "dead_lettered", "job dead-lettered", namespace=token.keys.namespace,
+                queue=token.keys.queue, job_id=token.job_id,
+                reason=request.reason or ("nack" if request.dead_letter else "attempts exhausted"),
+            )  # fmt: skip
         resp = service_pb2.NackResponse(state=int(outcome.state))  # type: ignore[arg-type]
         if outcome.due_ms:
             resp.due_time.CopyFrom(convert.ts(outcome.due_ms))

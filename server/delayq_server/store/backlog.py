@@ -49,7 +49,9 @@ async def backlog_due(
     clock = 0
     while True:
         out = await run(
-            "backlog", [keys.index, keys.stats], [keys.prefix, now, width_ms, cursor, BUCKETS_PER_CALL]
+            "backlog",
+            [keys.index, keys.stats],
+            [keys.prefix, now, width_ms, cursor, BUCKETS_PER_CALL],
         )
         clock, backlog = int(out[0]), int(out[1])
         now = str(clock)  # later calls count against the same boundaries
