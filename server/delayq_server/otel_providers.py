@@ -2,7 +2,8 @@
 
 Which exporters run (docs/decisions.md, "Telemetry switches"):
 * traces: with ``--otel``, ``OTEL_TRACES_EXPORTER`` (default ``otlp``; ``console``,
-  ``none``, or a comma list); set alone, the variable turns tracing on too;
+  ``none``, or a comma list); set alone (not ``none``), the variable turns
+  tracing on too;
 * metrics: with ``--otel``, ``OTEL_METRICS_EXPORTER`` likewise (``otlp``,
   ``console``, ``prometheus``, ``none``); ``--http-listen`` always adds the
   Prometheus reader behind ``/metrics``;
@@ -66,13 +67,10 @@ def _names(env: Mapping[str, str], var: str, default: str) -> list[str]:
 class Plan:
     """What to install, decided from flags and environment before any import."""
 
-    traces: list[str] = field(default_factory=list)
-    metrics: list[str] = field(default_factory=list)
+    tracing: bool = False  # spans are made (ids in logs, context in jobs) ...
+    traces: list[str] = field(default_factory=list)  # ... and sent to these exporters
+    metrics: list[str] = field(default_factory=list)  # push exporters (otlp, console)
     prometheus: bool = False
-
-    @property
-    def tracing(self) -> bool:
-        return bool(self.traces)
 
     @property
     def metering(self) -> bool:
@@ -80,13 +78,15 @@ class Plan:
 
 
 def plan(otel: bool, http: bool, env: Mapping[str, str] | None = None) -> Plan:
+    """``--otel`` with ``OTEL_TRACES_EXPORTER=none`` still traces (log lines carry
+    trace ids, jobs carry context) but exports no span."""
     env = os.environ if env is None else env
     if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return Plan()
     traces = _names(env, "OTEL_TRACES_EXPORTER", "otlp" if otel else "none")
     metrics = _names(env, "OTEL_METRICS_EXPORTER", "otlp" if otel else "none")
     prometheus = http or "prometheus" in metrics
-    return Plan(traces, [m for m in metrics if m != "prometheus"], prometheus)
+    return Plan(otel or bool(traces), traces, [m for m in metrics if m != "prometheus"], prometheus)
 
 
 @dataclass
