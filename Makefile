@@ -7,6 +7,7 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(abspath $(VENV))/bin/python
 STAMP := $(VENV)/.deps-stamp
+RUN_STAMP := $(VENV)/.run-deps-stamp
 PROTO_FILES := $(wildcard proto/delayq/v1/*.proto)
 PY_GEN_DIR := clients/python
 # Descriptors with comments (source info) that gRPC reflection serves (reflection.py).
@@ -16,7 +17,7 @@ REFLECTION_SET := server/delayq_server/descriptors.binpb
 TEST_TARGETS := test-py
 LINT_TARGETS := lint-py
 
-.PHONY: help deps system-deps run test test-py lint lint-py proto proto-py proto-check check-generated bench bench-lateness clean fuzz
+.PHONY: help deps system-deps run-deps redis-server-dep run test test-py lint lint-py proto proto-py proto-check check-generated bench bench-lateness clean fuzz
 
 help:
 	@echo "make run          start delayq on 127.0.0.1:50051 (managed redis unless DELAYQ_REDIS_URL is set)"
@@ -28,26 +29,40 @@ help:
 	@echo "make fuzz         long randomized property run against every RPC (FUZZ_EXAMPLES=2000)"
 
 # Debian packages the suites need; installed only when missing.
-system-deps:
+redis-server-dep:
 	@if ! command -v redis-server >/dev/null; then \
 	  echo "installing redis-server (Debian package)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null; \
 	  systemctl disable --now redis-server >/dev/null 2>&1 || true; \
 	fi
+
+system-deps: redis-server-dep
 	@if ! command -v gcc >/dev/null; then \
 	  echo "installing gcc (builds the durability suite's unsynced-writes shim)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libc6-dev >/dev/null; \
 	fi
 
-$(STAMP): requirements-dev.txt server/pyproject.toml clients/python/pyproject.toml
+# What the server needs at run time and nothing else (the Dockerfile runs the
+# same commands): pinned dependencies, then the two packages without theirs.
+$(RUN_STAMP): server/pyproject.toml clients/python/pyproject.toml scripts/runtime_requirements.py
 	python3 -m venv $(VENV)
+	python3 scripts/runtime_requirements.py > $(VENV)/runtime-requirements.txt
+	$(PY) -m pip install -q -r $(VENV)/runtime-requirements.txt
+	$(PY) -m pip install -q --no-deps -e clients/python -e server
+	touch $@
+
+# Development and test tools on top (`make test`, `make lint`, `make deps`).
+$(STAMP): requirements-dev.txt $(RUN_STAMP)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements-dev.txt -e clients/python -e server
+	$(PY) -m pip install -q -r requirements-dev.txt
 	touch $@
 
 deps: system-deps $(STAMP)
 
-run: deps
+run-deps: redis-server-dep $(RUN_STAMP)
+
+# Only the runtime: no development tools, no toolchains (README "Two commands").
+run: run-deps
 	$(PY) -m delayq_server $(RUN_ARGS)
 
 test: deps
