@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
+
+from tests.support.servers import DelayqProcess, free_port
 
 
 def test_health_is_serving(channel: grpc.Channel) -> None:
@@ -36,3 +42,14 @@ def test_reflection_finds_methods_and_serves_comments(channel: grpc.Channel) -> 
     assert any("Enqueue stores one job" in c for c in comments)
     health = db.FindFileContainingSymbol("grpc.health.v1.Health")  # still from the pool
     assert health.service[0].name == "Health"
+
+
+def test_docker_healthcheck_probe(server: DelayqProcess) -> None:
+    """The image's HEALTHCHECK command: 0 when SERVING, 1 when nothing answers."""
+    probe = [sys.executable, "-m", "delayq_server.healthcheck"]
+    ok = subprocess.run([*probe, server.address], capture_output=True, timeout=30)
+    assert ok.returncode == 0, ok.stderr
+    env = {**os.environ, "DELAYQ_LISTEN": f"0.0.0.0:{server.port}"}  # the image's way
+    assert subprocess.run(probe, env=env, capture_output=True, timeout=30).returncode == 0
+    down = subprocess.run([*probe, f"127.0.0.1:{free_port()}"], capture_output=True, timeout=30)
+    assert down.returncode == 1
