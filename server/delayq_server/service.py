@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 import zlib
 from collections import defaultdict
-from typing import Any
+from typing import Any, cast
 
 import grpc
 
@@ -22,6 +21,7 @@ from delayq_server.release_service import ReleaseServicer
 from delayq_server.store import (
     AckOutcome,
     BacklogDue,
+    EnqueueResult,
     JobSpec,
     JobState,
     ShardKeys,
@@ -41,6 +41,17 @@ _ACK_RESULT = {
     AckOutcome.STALE: service_pb2.ACK_RESULT_STALE,
     AckOutcome.UNKNOWN: service_pb2.ACK_RESULT_UNKNOWN,
 }
+
+
+_NOTHING: dict[str, Any] = {}  # placeholder; every result is replaced before the reply
+
+
+def _response_fields(r: EnqueueResult) -> dict[str, Any]:
+    """An EnqueueResponse as constructor fields."""
+    fields: dict[str, Any] = {"job_id": r.job_id, "duplicate": r.duplicate}
+    if r.due_ms >= 0:  # unknown for a duplicate whose job and record are gone
+        fields["due_time"] = convert.parts(r.due_ms)
+    return fields
 
 
 def _shard_for(key: str, shards: int) -> int:
@@ -94,17 +105,17 @@ class DelayQueueService(ReleaseServicer, service_pb2_grpc.DelayQueueServiceServi
     def _spec(
         self, inp: validation.EnqueueInput, shards: int, trace_headers: dict[str, str]
     ) -> tuple[int, JobSpec]:
-        """Picks the shard and completes the spec (id, trace context) in one copy."""
-        if inp.spec.idempotency_key:
-            shard = _shard_for(inp.spec.idempotency_key, shards)
+        """Picks the shard and completes the spec (id, trace context) in place."""
+        spec = inp.spec
+        if spec.idempotency_key:
+            shard = _shard_for(spec.idempotency_key, shards)
         else:
             self._rr += 1
             shard = self._rr % shards
-        job_id = ids.new_job_id(shard, shards)
+        spec.job_id = ids.new_job_id(shard, shards)
         if trace_headers:  # a producer's own traceparent header wins
-            headers = {**trace_headers, **inp.spec.headers}
-            return shard, dataclasses.replace(inp.spec, job_id=job_id, headers=headers)
-        return shard, dataclasses.replace(inp.spec, job_id=job_id)
+            spec.headers = {**trace_headers, **spec.headers}
+        return shard, spec
 
     async def _clock_refusals(
         self, inputs: list[validation.EnqueueInput], batch_indexes: list[int] | None = None
@@ -123,7 +134,7 @@ class DelayQueueService(ReleaseServicer, service_pb2_grpc.DelayQueueServiceServi
 
     async def _store_jobs(
         self, inputs: list[validation.EnqueueInput], context: Ctx
-    ) -> list[service_pb2.EnqueueResponse | Exception]:
+    ) -> list[EnqueueResult | Exception]:
         """Stores validated jobs with one script call per shard, in input order.
 
         Each item gets its response or the exception that stopped it: a queue
@@ -132,7 +143,7 @@ class DelayQueueService(ReleaseServicer, service_pb2_grpc.DelayQueueServiceServi
         """
         # The caller's trace continues in the consumer through the job's headers.
         trace_headers = self._tel.trace_headers(context)
-        out: list[service_pb2.EnqueueResponse | Exception | None] = [None] * len(inputs)
+        out: list[EnqueueResult | Exception | None] = [None] * len(inputs)
         groups: dict[ShardKeys, list[tuple[int, JobSpec]]] = defaultdict(list)
         counts: dict[tuple[str, str], int | Exception] = {}
         for index, inp in enumerate(inputs):
@@ -157,10 +168,7 @@ class DelayQueueService(ReleaseServicer, service_pb2_grpc.DelayQueueServiceServi
                     out[index] = exc
                 return
             for (index, _), r in zip(items, results, strict=True):
-                resp = service_pb2.EnqueueResponse(job_id=r.job_id, duplicate=r.duplicate)
-                if r.due_ms >= 0:  # unknown for a duplicate whose job and record are gone
-                    resp.due_time.CopyFrom(convert.ts(r.due_ms))
-                out[index] = resp
+                out[index] = r
             if self._tel.metering:
                 self._tel.on_enqueued(keys, sum(1 for r in results if not r.duplicate))
             ttls = [s.ttl_ms for _, s in items if s.ttl_ms]
@@ -185,10 +193,10 @@ class DelayQueueService(ReleaseServicer, service_pb2_grpc.DelayQueueServiceServi
             raise refused
         if self._quotas is not None:
             await self._quotas.enqueue(inp.namespace, 1)
-        (resp,) = await self._store_jobs([inp], context)
-        if isinstance(resp, Exception):
-            raise resp
-        return resp
+        (r,) = await self._store_jobs([inp], context)
+        if isinstance(r, Exception):
+            raise r
+        return service_pb2.EnqueueResponse(**_response_fields(r))
 
     @errors.unary
     async def EnqueueBatch(
@@ -197,41 +205,44 @@ class DelayQueueService(ReleaseServicer, service_pb2_grpc.DelayQueueServiceServi
         n = len(request.requests)
         if not 1 <= n <= validation.MAX_BATCH:
             raise InvalidArgument("requests", f"give 1 to {validation.MAX_BATCH} jobs, got {n}")
-        results = [service_pb2.EnqueueBatchResult() for _ in range(n)]
+        # Results are built as dicts and turned into messages in one constructor
+        # call: 3x cheaper than filling 1,000 messages field by field (issue 12).
+        results: list[dict[str, Any]] = [_NOTHING] * n
         valid: list[tuple[int, validation.EnqueueInput]] = []
+        cfg = self._cfg
         for i, req in enumerate(request.requests):
             try:
-                valid.append((i, validation.enqueue(req, self._cfg, prefix=f"requests[{i}].")))
+                valid.append((i, validation.enqueue(req, cfg, prefix=f"requests[{i}].")))
             except Exception as exc:  # one bad item never fails the batch
                 code, message = errors.to_status(exc)
-                results[i].error.code = code.value[0]
-                results[i].error.message = message
+                results[i] = {"error": {"code": code.value[0], "message": message}}
         refusals = await self._clock_refusals([inp for _, inp in valid], [i for i, _ in valid])
-        for (i, _), refused in zip(valid, refusals, strict=True):
-            if refused is not None:
-                results[i].error.code = refused.code.value[0]
-                results[i].error.message = refused.message
-        valid = [v for v, refused in zip(valid, refusals, strict=True) if refused is None]
+        if any(r is not None for r in refusals):
+            for (i, _), refused in zip(valid, refusals, strict=True):
+                if refused is not None:
+                    results[i] = {
+                        "error": {"code": refused.code.value[0], "message": refused.message}
+                    }
+            valid = [v for v, refused in zip(valid, refusals, strict=True) if refused is None]
         if valid and self._quotas is not None:
             valid = await self._batch_quota(valid, results)
         if valid:
             stored = await self._store_jobs([inp for _, inp in valid], context)
-            statuses: dict[int, tuple[grpc.StatusCode, str]] = {}  # one log line per failure
-            for (i, _), resp in zip(valid, stored, strict=True):
-                if isinstance(resp, Exception):
-                    if id(resp) not in statuses:
-                        statuses[id(resp)] = errors.to_status(resp)
-                    code, message = statuses[id(resp)]
-                    results[i].error.code = code.value[0]
-                    results[i].error.message = message
+            statuses: dict[int, dict[str, Any]] = {}  # one log line per failure
+            for (i, _), r in zip(valid, stored, strict=True):
+                if isinstance(r, Exception):
+                    if id(r) not in statuses:
+                        code, message = errors.to_status(r)
+                        statuses[id(r)] = {"error": {"code": code.value[0], "message": message}}
+                    results[i] = statuses[id(r)]
                 else:
-                    results[i].response.CopyFrom(resp)
-        return service_pb2.EnqueueBatchResponse(results=results)
+                    results[i] = {"response": _response_fields(r)}
+        return service_pb2.EnqueueBatchResponse(results=cast(Any, results))  # dicts: see above
 
     async def _batch_quota(
         self,
         valid: list[tuple[int, validation.EnqueueInput]],
-        results: list[service_pb2.EnqueueBatchResult],
+        results: list[dict[str, Any]],
     ) -> list[tuple[int, validation.EnqueueInput]]:
         """Each namespace's jobs of a batch pass its quotas together or are refused per item."""
         assert self._quotas is not None
@@ -239,8 +250,7 @@ class DelayQueueService(ReleaseServicer, service_pb2_grpc.DelayQueueServiceServi
         for i, inp in valid:
             refusal = refused.get(inp.namespace)
             if refusal is not None:
-                results[i].error.code = refusal.code.value[0]
-                results[i].error.message = refusal.message
+                results[i] = {"error": {"code": refusal.code.value[0], "message": refusal.message}}
         return [(i, inp) for i, inp in valid if inp.namespace not in refused]
 
     @errors.streaming

@@ -52,9 +52,10 @@ class StaleLease(Exception):
     """The lease token is no longer current: the job was redelivered, released or retried."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class JobSpec:
-    """One validated job to store."""
+    """One validated job to store. Not frozen: the servicer fills in ``job_id``
+    (and trace headers) in place instead of copying it per job (issue 12 profile)."""
 
     job_id: str
     payload: bytes
