@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import tempfile
 import time
@@ -76,8 +77,16 @@ async def _batched(address: str, batches: int, size: int) -> float:
         return batches * size / (time.perf_counter() - start)
 
 
-def _run(mode: str, args: argparse.Namespace, sink_port: int) -> tuple[float, float]:
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (/proc), robust to a busy machine."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _run(mode: str, args: argparse.Namespace, sink_port: int) -> tuple[float, float, float]:
     flags = {"off": [], "metrics": ["--http-listen", "127.0.0.1:0"], "traces": ["--otel"]}[mode]
+    # Enqueue quotas off: their cost is bench-auth's subject, not this one's.
+    flags += ["--quota-enqueue-rate", "0", "--quota-jobs", "0"]
     env = {
         "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink_port}",
         "OTEL_EXPORTER_OTLP_INSECURE": "true",
@@ -87,9 +96,12 @@ def _run(mode: str, args: argparse.Namespace, sink_port: int) -> tuple[float, fl
         ManagedRedis(Path(tmp) / "redis", appendonly=False) as redis,
         DelayqProcess(redis.url, flags, env=env) as proc,
     ):
+        assert proc.proc is not None
+        cpu = _cpu_s(proc.proc.pid)
         one = asyncio.run(_single(proc.address, args.single, args.concurrency))
+        cpu_us = (_cpu_s(proc.proc.pid) - cpu) / args.single * 1e6
         batched = asyncio.run(_batched(proc.address, args.batches, args.batch_size))
-        return one, batched
+        return one, batched, cpu_us
 
 
 def main() -> None:
@@ -107,14 +119,15 @@ def main() -> None:
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     modes = ["off", "metrics", "traces"]
-    results: dict[str, list[float]] = {f"{m} {k}": [] for m in modes for k in "1b"}
+    results: dict[str, list[float]] = {f"{m} {k}": [] for m in modes for k in "1bc"}
     try:
         for _ in range(args.rounds):
             modes = modes[1:] + modes[:1]
             for mode in modes:
-                one, batched = _run(mode, args, port)
+                one, batched, cpu_us = _run(mode, args, port)
                 results[f"{mode} 1"].append(one)
                 results[f"{mode} b"].append(batched)
+                results[f"{mode} c"].append(cpu_us)
     finally:
         server.stop(None)
     med = {k: statistics.median(v) for k, v in results.items()}
@@ -127,6 +140,9 @@ def main() -> None:
     ):
         off, m, t = med[f"off {key}"], med[f"metrics {key}"], med[f"traces {key}"]
         print(f"| {api} | {off:,.0f} | {m:,.0f} ({m / off:.2f}) | {t:,.0f} ({t / off:.2f}) |")
+    off, m, t = med["off c"], med["metrics c"], med["traces c"]
+    cells = f"{off:,.0f} | {m:,.0f} ({m / off:.2f}) | {t:,.0f} ({t / off:.2f})"
+    print(f"| server CPU per unary Enqueue (us) | {cells} |")
 
 
 if __name__ == "__main__":
