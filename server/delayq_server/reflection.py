@@ -58,12 +58,23 @@ def _symbols(fdp: descriptor_pb2.FileDescriptorProto) -> Iterable[str]:
         yield f"{pkg}{ext.name}"
 
 
+def _drop_json_names(messages: Iterable[descriptor_pb2.DescriptorProto]) -> None:
+    """protoc fills json_name (lowerCamel); the pool's descriptors never had it, and
+    with it grpcurl prints `jobId` instead of the proto names the README promises."""
+    for msg in messages:
+        for fld in (*msg.field, *msg.extension):
+            fld.ClearField("json_name")
+        _drop_json_names(msg.nested_type)
+
+
 class DescribedReflection(ReflectionServicer):  # type: ignore[misc]
     """ReflectionServicer answering delayq's files from descriptors.binpb."""
 
     def __init__(self, service_names: Iterable[str], descriptor_set: bytes) -> None:
         super().__init__(tuple(service_names))
         fds = descriptor_pb2.FileDescriptorSet.FromString(descriptor_set)
+        for f in fds.file:
+            _drop_json_names(f.message_type)
         self._files = {f.name: f for f in fds.file}
         self._serialized = {f.name: f.SerializeToString() for f in fds.file}
         self._by_symbol = {s: f.name for f in fds.file for s in _symbols(f)}
