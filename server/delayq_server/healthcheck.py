@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -30,7 +31,7 @@ def target(argv: list[str], env: dict[str, str]) -> str:
 def probe(address: str, env: dict[str, str]) -> bool:
     if env.get("DELAYQ_TLS_CERT"):
         ca = env.get("DELAYQ_HEALTHCHECK_CA")
-        roots = open(ca, "rb").read() if ca else None  # noqa: SIM115 - tiny file
+        roots = Path(ca).read_bytes() if ca else None
         channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(roots))
     else:
         channel = grpc.insecure_channel(address)
