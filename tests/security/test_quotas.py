@@ -182,7 +182,7 @@ def test_unary_enqueue_takes_rate_tokens_in_chunks(redis_url: str, ns: str) -> N
     allowance refilled a chunk at a time (quotas.py), yet the rate still holds."""
     rdb = redis.Redis.from_url(redis_url)
     rdb.config_set("notify-keyspace-events", "Kh")  # every HSET of a hash is published
-    sub = rdb.pubsub()  # type: ignore[no-untyped-call]
+    sub = rdb.pubsub()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
     sub.subscribe(f"__keyspace@0__:dq:{{ns:{ns}}}:rate")
     assert sub.get_message(timeout=5) is not None  # the subscribe confirmation
     # rate 100/s, burst 200: chunks of min(200 / 20, 100 * 0.05) = 5 tokens.

@@ -10,9 +10,8 @@ import grpc
 
 from delayq.v1 import service_pb2
 from delayq_server import errors, validation
-from delayq_server.dispatcher import Dispatcher
-from delayq_server.store import ReleaseOutcome, ShardKeys, Store
-from delayq_server.telemetry import Telemetry
+from delayq_server.rpc.base import ServicerBase
+from delayq_server.store import ReleaseOutcome, ShardKeys
 
 _RESULT = {
     ReleaseOutcome.RELEASED: service_pb2.RELEASE_RESULT_RELEASED,
@@ -21,12 +20,8 @@ _RESULT = {
 }
 
 
-class ReleaseServicer:
-    """Mixed into DelayQueueService, which provides the store and dispatcher."""
-
-    _store: Store
-    _dispatcher: Dispatcher
-    _tel: Telemetry
+class ReleaseRpcs(ServicerBase):
+    """Mixed into DelayQueueService."""
 
     @errors.unary
     async def Release(
