@@ -2,7 +2,8 @@
 
 Observable instruments cannot await, so they report a snapshot that
 ``refresh`` fills. A refresh reads at most MAX_SHARDS shards (two pipelined or
-scripted reads each, bounded) and runs at most every REFRESH_S: before a
+scripted reads each, bounded; queues beyond take turns over the following
+refreshes) and runs at most every REFRESH_S: before a
 /metrics scrape when the snapshot is older, and in the background while a
 push exporter (OTLP, console) is configured. Every replica reports the same
 queue-wide values: aggregate them with max(), not sum() (docs/decisions.md,
@@ -27,7 +28,7 @@ from delayq_server.telemetry import Telemetry
 log = logging.getLogger(__name__)
 
 REFRESH_S = 2.0
-MAX_SHARDS = 256  # per refresh: queues past this budget are left out (logged once)
+MAX_SHARDS = 256  # per refresh; more are read over the following refreshes, in turn
 STATES = ("scheduled", "ready", "leased", "dead", "completed")
 DUE = ("minute", "hour", "day", "later")
 
@@ -57,7 +58,7 @@ class QueueGauges:
         self._at = float("-inf")
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
-        self._warned = False
+        self._next = 0  # index of the queue the next refresh starts with
         meter = metrics.get_meter("delayq.server")
         meter.create_observable_gauge(
             "delayq.queue.jobs", [self._jobs], "{job}", "Jobs per state (queue-wide, from Redis)"
@@ -106,28 +107,40 @@ class QueueGauges:
             self._at = time.monotonic()
 
     async def refresh(self) -> None:
-        snapshot: dict[tuple[str, str], QueueSnapshot] = {}
+        """Reads up to MAX_SHARDS shards, continuing where the last refresh stopped:
+        with more shards than that, every queue is still read in turn (each one
+        every ceil(shards / MAX_SHARDS) refreshes) and keeps its last values."""
+        queues = sorted(self._queues())
+        known = {(ns, q) for ns, q, _ in queues}
+        snapshot = {k: v for k, v in self.snapshot.items() if k in known}
+        if not queues:
+            self.snapshot = snapshot
+            return
+        start = self._next % len(queues)
         budget = MAX_SHARDS
-        for ns, queue, shards in sorted(self._queues()):
-            if shards > budget:
-                if not self._warned:
-                    log.warning("queue gauges cover the first %d shards only", MAX_SHARDS)
-                    self._warned = True
+        read = 0
+        for ns, queue, shards in queues[start:] + queues[:start]:
+            if read and shards > budget:
                 break
             budget -= shards
-            snap = QueueSnapshot()
-            for s in range(shards):
-                keys = ShardKeys(ns, queue, s)
-                st = await self._store.shard_stats(keys)
-                snap.due += await self._store.backlog_due(keys)
-                for state, value in zip(
-                    STATES, (st.scheduled, st.ready, st.leased, st.dead, st.completed), strict=True
-                ):
-                    snap.states[state] += value
-                snap.expired_total += st.counters.get("expired", 0)
-                snap.dead_lettered_total += st.counters.get("dead_lettered", 0)
-            snapshot[(ns, queue)] = snap
+            read += 1
+            snapshot[(ns, queue)] = await self._read(ns, queue, shards)
+        self._next = start + read
         self.snapshot = snapshot
+
+    async def _read(self, ns: str, queue: str, shards: int) -> QueueSnapshot:
+        snap = QueueSnapshot()
+        for s in range(shards):
+            keys = ShardKeys(ns, queue, s)
+            st = await self._store.shard_stats(keys)
+            snap.due += await self._store.backlog_due(keys)
+            for state, value in zip(
+                STATES, (st.scheduled, st.ready, st.leased, st.dead, st.completed), strict=True
+            ):
+                snap.states[state] += value
+            snap.expired_total += st.counters.get("expired", 0)
+            snap.dead_lettered_total += st.counters.get("dead_lettered", 0)
+        return snap
 
     def start_background(self) -> None:
         """Keeps the snapshot fresh for push exporters (a scrape refreshes by itself)."""
