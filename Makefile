@@ -37,6 +37,10 @@ redis-server-dep:
 	fi
 
 system-deps: redis-server-dep
+	@if [ ! -x /usr/bin/chromium ]; then \
+	  echo "installing chromium (Debian package; the dashboard's browser tests drive it with Playwright)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	fi
 	@if ! command -v gcc >/dev/null; then \
 	  echo "installing gcc (builds the durability suite's unsynced-writes shim)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libc6-dev >/dev/null; \

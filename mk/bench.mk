@@ -62,3 +62,9 @@ bench-replay: deps
 .PHONY: bench-scale
 bench-scale: deps
 	$(PY) -m bench.scale --cluster --json .run/bench-scale.json $(BENCH_ARGS)
+
+# Issue 14: redrive and purge of 100,000 jobs through AdminService: jobs/s and
+# the slowest Redis command (SLOWLOG) of each (bench/admin.py).
+.PHONY: bench-admin
+bench-admin: deps
+	$(PY) -m bench.admin --json .run/bench-admin.json $(BENCH_ARGS)

@@ -124,6 +124,10 @@ class EnqueueInput:
     namespace: str
     queue: str
     spec: JobSpec
+    # The request left these to defaults: the queue's own settings may fill them
+    # (UpdateQueue, issue 14; service.py applies them).
+    default_attempts: bool = False
+    default_retry: bool = False
 
 
 def enqueue(req: service_pb2.EnqueueRequest, cfg: Config, prefix: str = "") -> EnqueueInput:
@@ -201,6 +205,8 @@ def enqueue(req: service_pb2.EnqueueRequest, cfg: Config, prefix: str = "") -> E
             jitter=jitter,
             idempotency_key=key,
         ),
+        default_attempts=req.max_attempts == 0,
+        default_retry=not req.HasField("retry"),
     )
 
 
@@ -255,6 +261,7 @@ class ConsumeInput:
     lease_ms: int
     max_batch: int
     release_grace_ms: int
+    default_lease: bool = False  # no lease_duration given: a queue's default may apply
 
 
 def consume(req: service_pb2.ConsumeRequest, cfg: Config) -> ConsumeInput:
@@ -280,7 +287,15 @@ def consume(req: service_pb2.ConsumeRequest, cfg: Config) -> ConsumeInput:
     if req.HasField("release_grace"):
         # Bounded by the lease: a longer grace would outlive the lease it protects.
         grace = duration_ms("release_grace", req.release_grace, lo=0, hi=lease)
-    return ConsumeInput(ns, queues, req.max_outstanding, lease, max_batch, grace)
+    return ConsumeInput(
+        ns,
+        queues,
+        req.max_outstanding,
+        lease,
+        max_batch,
+        grace,
+        default_lease=not req.HasField("lease_duration"),
+    )
 
 
 def token(field: str, value: str) -> ids.LeaseToken:

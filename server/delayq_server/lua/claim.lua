@@ -4,6 +4,7 @@
 -- KEYS[3] stats   HASH  counters
 -- KEYS[4] exp     ZSET  job id -> expire ms
 -- KEYS[5] dead    ZSET  job id -> time of death ms
+-- KEYS[6] paused  STRING  present while the queue is paused: nothing is claimed
 -- ARGV[1] prefix, ARGV[2] now ms ('' = Redis TIME), ARGV[3] count (<= 500),
 -- ARGV[4] lease ms, ARGV[5] nonce prefix (the stream's; a counter is appended),
 -- ARGV[6] events channel (publishes "<prefix> lease <deadline>" for the reaper),
@@ -15,11 +16,12 @@
 -- random bits (issue 9), so no lease token can be predicted from another: the
 -- prefix only routes credit back to the stream (server id and stream seq).
 -- Jobs past their TTL are dropped here and counted, never delivered.
--- KEYS[6] the call's request key (includes/replay.lua). A re-sent claim (its
+-- KEYS[7] the call's request key (includes/replay.lua). A re-sent claim (its
 -- reply was lost) answers the leases the first run took, re-read from their
 -- records, so no lease is left that no stream knows of. Only ids and nonces are
 -- kept for the replay, never the records (payloads can be large).
 local k_ready, k_leased, k_stats, k_exp, k_dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local k_paused = KEYS[6]
 local prefix, count, lease, nonce_prefix = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
 local channel, random = ARGV[6], ARGV[7]
 -- @include record
@@ -47,6 +49,9 @@ end
 local now = now_ms(ARGV[2])
 local out = {now}
 local kept = {now}
+-- Paused (PauseQueue, issue 14): claim nothing; the stream sees a short claim
+-- and waits idle until pause.lua's resume publishes "ready".
+if redis.call('EXISTS', k_paused) == 1 then return out end
 local ids = redis.call('RPOP', k_ready, count)
 -- Nothing leased: a re-run is a fresh claim, harmless, so nothing is kept.
 if not ids then return out end

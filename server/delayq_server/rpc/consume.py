@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -33,9 +34,20 @@ class ConsumeRpcs(ServicerBase):
 
     async def _consume(self, inp: validation.ConsumeInput, peer: str) -> Any:
         shards_by_queue = []
+        leases = []
         for q in inp.queues:
             count = await self._shards(inp.namespace, q, create=True)
             shards_by_queue.append([ShardKeys(inp.namespace, q, s) for s in range(count)])
+            qs = await self._store.queues.settings(inp.namespace, q)
+            if qs is not None and qs.lease_ms:
+                leases.append(qs.lease_ms)
+        if inp.default_lease and leases:
+            # No lease asked: the longest default of the stream's queues (issue 14),
+            # so no queue's jobs get a shorter lease than its settings say.
+            lease = max(leases)
+            inp = dataclasses.replace(
+                inp, lease_ms=lease, release_grace_ms=min(inp.release_grace_ms, lease)
+            )
         stream = self._dispatcher.open(
             shards_by_queue, inp.max_outstanding, inp.lease_ms, inp.max_batch, inp.release_grace_ms
         )

@@ -16,6 +16,7 @@ from delayq_server.store import (
     JobSpec,
     ShardKeys,
 )
+from delayq_server.store.queues import QueueSettings
 
 _NOTHING: dict[str, Any] = {}  # placeholder; every result is replaced before the reply
 
@@ -26,6 +27,18 @@ def _response_fields(r: EnqueueResult) -> dict[str, Any]:
     if r.due_ms >= 0:  # unknown for a duplicate whose job and record are gone
         fields["due_time"] = convert.parts(r.due_ms)
     return fields
+
+
+def _queue_defaults(inp: validation.EnqueueInput, qs: QueueSettings) -> None:
+    """Fills what the request left to defaults from the queue's own settings (issue 14)."""
+    spec = inp.spec
+    if inp.default_attempts and qs.max_attempts:
+        spec.max_attempts = qs.max_attempts
+    if inp.default_retry and qs.retry is not None:
+        spec.backoff_initial_ms = qs.retry.initial_ms
+        spec.backoff_max_ms = qs.retry.max_ms
+        spec.multiplier = qs.retry.multiplier
+        spec.jitter = qs.retry.jitter
 
 
 def _shard_for(key: str, shards: int) -> int:
@@ -39,10 +52,17 @@ class EnqueueRpcs(ServicerBase):
     """Mixed into DelayQueueService."""
 
     def _spec(
-        self, inp: validation.EnqueueInput, shards: int, trace_headers: dict[str, str]
+        self,
+        inp: validation.EnqueueInput,
+        shards: int,
+        trace_headers: dict[str, str],
+        settings: QueueSettings | None = None,
     ) -> tuple[int, JobSpec]:
-        """Picks the shard and completes the spec (id, trace context) in place."""
+        """Picks the shard and completes the spec (id, trace context, the queue's
+        own defaults) in place."""
         spec = inp.spec
+        if settings is not None:
+            _queue_defaults(inp, settings)
         if spec.idempotency_key:
             shard = _shard_for(spec.idempotency_key, shards)
         else:
@@ -82,18 +102,22 @@ class EnqueueRpcs(ServicerBase):
         out: list[EnqueueResult | Exception | None] = [None] * len(inputs)
         groups: dict[ShardKeys, list[tuple[int, JobSpec]]] = defaultdict(list)
         counts: dict[tuple[str, str], int | Exception] = {}
+        settings: dict[tuple[str, str], QueueSettings | None] = {}
         for index, inp in enumerate(inputs):
-            shards = counts.get((inp.namespace, inp.queue))
+            name = (inp.namespace, inp.queue)
+            shards = counts.get(name)
             if shards is None:
                 try:
                     shards = await self._shards(inp.namespace, inp.queue, create=True)
+                    # Cached per replica after the first call (store/queues.py).
+                    settings[name] = await self._store.queues.settings(*name)
                 except Exception as exc:  # answered per item below
                     shards = exc
-                counts[(inp.namespace, inp.queue)] = shards
+                counts[name] = shards
             if isinstance(shards, Exception):
                 out[index] = shards
                 continue
-            shard, spec = self._spec(inp, shards, trace_headers)
+            shard, spec = self._spec(inp, shards, trace_headers, settings.get(name))
             groups[ShardKeys(inp.namespace, inp.queue, shard)].append((index, spec))
 
         async def run(keys: ShardKeys, items: list[tuple[int, JobSpec]]) -> None:

@@ -27,6 +27,7 @@ from delayq_server.store.keys import (
     ShardKeys,
     queue_meta_key,
 )
+from delayq_server.store.queues import Queues
 from delayq_server.store.records import JobRecord, JobState
 
 if TYPE_CHECKING:
@@ -197,6 +198,22 @@ class Store:
         # connections are busy, but redis-py's cluster client fails instead
         # ("Too many connections"); a batch over hundreds of shards must queue.
         self._in_flight = asyncio.Semaphore(SCRIPTS_IN_FLIGHT)
+        self.queues = Queues(self)
+
+    def forget_queue(self, namespace: str, queue: str) -> None:
+        """Drops what this replica cached of a deleted queue (shards, width, settings)."""
+        self._shards.pop((namespace, queue), None)
+        self._widths.pop((namespace, queue), None)
+        self.queues.forget(namespace, queue)
+
+    async def completed_retention(self, keys: ShardKeys) -> int:
+        """The queue's completed-retention window, else the server's (issue 14)."""
+        settings = self.queues.cached(keys.namespace, keys.queue)
+        if settings is None:
+            settings = await self.queues.settings(keys.namespace, keys.queue)
+        if settings is None or settings.completed_retention_ms is None:
+            return self.completed_retention_ms
+        return settings.completed_retention_ms
 
     async def load_scripts(self) -> None:
         """Loads every script now, so the first call of each needs no retry."""
@@ -373,7 +390,7 @@ class Store:
         count = min(count, CLAIM_LIMIT)
         out = await self._run(
             "claim",
-            [keys.ready, keys.leased, keys.stats, keys.expiring, keys.dead],
+            [keys.ready, keys.leased, keys.stats, keys.expiring, keys.dead, keys.paused],
             [
                 keys.prefix,
                 _now_arg(now_ms),
@@ -395,7 +412,8 @@ class Store:
         self, keys: ShardKeys, leases: Sequence[LeaseRef], now_ms: int | None = None
     ) -> list[int]:
         """Completes leases whose nonce is current; one AckOutcome code per lease."""
-        args: list[Any] = [keys.prefix, _now_arg(now_ms), self.completed_retention_ms, len(leases)]
+        retention = await self.completed_retention(keys)
+        args: list[Any] = [keys.prefix, _now_arg(now_ms), retention, len(leases)]
         for lease in leases:
             args += [lease.job_id, lease.nonce]
         out = await self._run("ack", [keys.leased, keys.stats, keys.expiring, keys.done], args)
@@ -528,7 +546,7 @@ class Store:
                 _now_arg(now_ms),
                 await self._width(keys),
                 limit,
-                self.completed_retention_ms,
+                await self.completed_retention(keys),
             ],
         )
         return ExpireResult(
