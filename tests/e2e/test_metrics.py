@@ -42,7 +42,9 @@ def q(queue: str, **extra: str) -> Labels:
 
 
 @pytest.fixture(scope="module")
-def metrics_server(redis_server: ManagedRedis) -> Iterator[DelayqProcess]:
+def metrics_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DelayqProcess]:
+    """A server with a Redis of its own: counters are per process, and with other
+    replicas on the same Redis their reaper could take this one's leases."""
     # Retries back off 2 h without jitter: the lease that runs out stays in the
     # backlog (due within the day) instead of coming back to the stream.
     args = [
@@ -55,7 +57,10 @@ def metrics_server(redis_server: ManagedRedis) -> Iterator[DelayqProcess]:
         "--retry-jitter",
         "0",
     ]
-    with DelayqProcess(redis_server.url, args) as server:
+    with (
+        ManagedRedis(tmp_path_factory.mktemp("metrics-redis"), appendonly=False) as redis,
+        DelayqProcess(redis.url, args) as server,
+    ):
         yield server
 
 
