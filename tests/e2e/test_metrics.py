@@ -130,7 +130,14 @@ def test_lateness_histogram_resolves_one_millisecond(
         enqueue(stub, queue)
         with Consumer(stub, [queue]) as c:
             c.take(1)
-    m = scrape(metrics_server.http_port)
+    # The stream closed with its delivery unanswered: the server gave the lease back.
+    port = metrics_server.http_port
+    wait_until(
+        lambda: scrape(port).get(("delayq_jobs_released_total", q(queue))) == 1,
+        timeout=30,
+        interval=0.1,
+    )
+    m = scrape(port)
     bounds = sorted(
         float(dict(labels)["le"])
         for name, labels in m
