@@ -6,7 +6,7 @@ BENCH_PEERS := bench/peers
 BENCH_ARQ_VENV := $(BENCH_PEERS)/.venv
 BENCH_STAMP := $(VENV)/.bench-deps-stamp
 
-.PHONY: bench-deps bench-full bench-quick bench-profile bench-replay bench-auth
+.PHONY: bench-deps bench-full bench-quick bench-profile bench-replay bench-auth bench-telemetry
 
 $(BENCH_STAMP): bench/requirements.txt $(STAMP)
 	$(PY) -m pip install -q -r bench/requirements.txt
@@ -34,6 +34,10 @@ bench-quick: bench-deps
 # py-spy of the delayq server and client per scenario -> bench/results/profile/.
 bench-profile: bench-deps
 	$(PY) -m bench.harness --profile $(BENCH_ARGS)
+
+# Issue 13: enqueue throughput with telemetry off, /metrics on, tracing on (same run).
+bench-telemetry: deps
+	$(PY) -m bench.telemetry $(BENCH_ARGS)
 
 # Issue 9: enqueue throughput with auth off and on, same run, alternating rounds.
 bench-auth: deps

@@ -48,7 +48,17 @@ class Dispatcher:
         self._lingering: set[asyncio.Task[int]] = set()  # closed streams in their grace
         self._background: set[asyncio.Task[None]] = set()
         self.board = ReadyBoard()
+        # Leases a closed stream gave back, per shard (telemetry.py counts them).
+        self.on_released: Callable[[ShardKeys, int], None] = lambda keys, n: None
         hub.listen(events.READY, self._on_ready)
+
+    def stream_count(self) -> int:
+        """Open Consume streams (those in their release grace included)."""
+        return len(self._streams)
+
+    def leases_in_flight(self) -> int:
+        """Deliveries of this replica's streams not yet answered."""
+        return sum(len(s.outstanding) for s in list(self._streams.values()))
 
     def _on_ready(self, tag: str, detail: str) -> None:
         self.board.fire(tag, int(detail) if detail.isdigit() else 1)

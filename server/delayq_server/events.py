@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable
 from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import ClusterPubSub, RedisCluster
 
+from delayq_server import logs
 from delayq_server.redis_client import RedisClient
 from delayq_server.store.keys import ShardKeys, server_channel
 
@@ -212,6 +213,13 @@ class PubSubListener:
     def _subscribed(self, channel: str) -> None:
         if channel == self._own:
             self.resubscribes += 1
+            if self.resubscribes > 1:
+                logs.event(
+                    log,
+                    "redis_reconnected",
+                    "Redis pub/sub subscribed again; re-checking every shard",
+                    resubscribes=self.resubscribes - 1,
+                )
             self.ready.set()
             self._on_subscribed(None)
         else:

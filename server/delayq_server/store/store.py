@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -18,6 +19,7 @@ import msgpack
 from redis.commands.core import AsyncScript
 
 from delayq_server.store import records, scripts
+from delayq_server.store.backlog import BacklogDue, backlog_due
 from delayq_server.store.keys import (
     QUEUES_KEY,
     REPLICAS_KEY,
@@ -139,6 +141,7 @@ class ReapResult:
     next_deadline_ms: int | None
     now_ms: int
     more: bool
+    dead: frozenset[str] = frozenset()  # job ids dead-lettered (their final attempt)
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,8 +185,12 @@ class Store:
         completed_retention_ms: int = 0,
         default_shards: int = 1,
         events_maxlen: int = 0,
+        observe: Callable[[str, float], None] | None = None,
     ) -> None:
         self.redis = client
+        # Called after every script call with its name and perf_counter start
+        # (telemetry.py: the script latency histogram); None costs nothing.
+        self.observe = observe
         # > 0: every transition is also XADDed to the shard's events stream,
         # trimmed to about this many entries (--record-events, store/lifecycle.py).
         self.events_maxlen = events_maxlen
@@ -242,13 +249,19 @@ class Store:
         argv = list(args)
         if name in scripts.RECORDS_EVENTS:
             argv.append(self.events_maxlen)
-        async with self._in_flight:
-            if name not in scripts.REPLAYED:
-                return await self._scripts[name](keys=list(keys), args=argv)
+        if name in scripts.REPLAYED:
             prefix = args[0]
             assert isinstance(prefix, str) and prefix.startswith("dq:{"), prefix
-            request = f"{prefix}rq:{self._rq_prefix}{next(self._rq_seq)}"
-            return await self._scripts[name](keys=[*keys, request], args=argv)
+            keys = [*keys, f"{prefix}rq:{self._rq_prefix}{next(self._rq_seq)}"]
+        async with self._in_flight:
+            if self.observe is None:
+                return await self._scripts[name](keys=list(keys), args=argv)
+            # Timed inside the gate: the script's round trip, not the wait for a slot.
+            started = time.perf_counter()
+            try:
+                return await self._scripts[name](keys=list(keys), args=argv)
+            finally:
+                self.observe(name, started)
 
     # -- queues -----------------------------------------------------------------
 
@@ -486,8 +499,11 @@ class Store:
             [keys.prefix, _now_arg(now_ms), limit, await self._width(keys), shard_channel(keys)],
         )
         count, next_deadline, now = int(out[0]), int(out[1]), int(out[2])
-        reaped = [LeaseRef(_s(out[i]), _s(out[i + 1])) for i in range(3, len(out), 2)]
-        return ReapResult(reaped, None if next_deadline < 0 else next_deadline, now, count >= limit)
+        reaped = [LeaseRef(_s(out[i]), _s(out[i + 1])) for i in range(3, len(out), 3)]
+        dead = frozenset(_s(out[i]) for i in range(3, len(out), 3) if int(out[i + 2]) == 1)
+        return ReapResult(
+            reaped, None if next_deadline < 0 else next_deadline, now, count >= limit, dead
+        )
 
     async def release(
         self,
@@ -669,6 +685,10 @@ class Store:
             counters=counters,
             now_ms=now_ms,
         )
+
+    async def backlog_due(self, keys: ShardKeys, now_ms: int | None = None) -> BacklogDue:
+        """The shard's backlog by due time (store/backlog.py)."""
+        return await backlog_due(self._run, keys, await self._width(keys), now_ms)
 
     async def dead_page(
         self, keys: ShardKeys, offset: int, count: int

@@ -87,6 +87,10 @@ class Timers:
             or (k not in self._loops and preferred(k, live) == self.server_id)
         ]
 
+    def queues(self) -> list[tuple[str, str, int]]:
+        """Every queue known here (namespace, queue, shard count)."""
+        return [(ns, q, count) for (ns, q), count in list(self._queues.items())]
+
     def known_shards(self) -> list[ShardKeys]:
         return [
             ShardKeys(ns, q, shard)
