@@ -40,6 +40,9 @@ LEASE_MARGIN_MS = 10_000
 # A delivery that waited this long for a slot (per-host limit) renews its lease first.
 EXTEND_AFTER_S = 1.0
 STOP_WAIT_S = 5.0  # requests under way at stop get this long to finish and settle
+# Queue events reach only replicas that know the queue, so a target set on a queue
+# this process never saw is found by polling the store's push version this often.
+POLL_S = 1.0
 
 
 class _TargetLoop:
@@ -177,6 +180,7 @@ class Pusher:
         self._rescan = True  # the first pass reads every queue with a target
         self._wake = asyncio.Event()
         self._sync_task: asyncio.Task[None] | None = None
+        self._version = -1  # the store's push version at the last full read
 
     def host_slots(self, host_port: str) -> asyncio.Semaphore:
         """Requests to one host:port over all targets are bounded too."""
@@ -201,6 +205,17 @@ class Pusher:
         self._rescan = True
         self._wake.set()
 
+    def resubscribed(self, tag: str | None) -> None:
+        """The listener's re-subscription hook (resync.py): None is every channel;
+        shard 0's channel carries the queue's events."""
+        if tag is None:
+            self.resync()
+            return
+        namespace, _, rest = tag.partition("/")
+        queue, _, shard = rest.rpartition("/")
+        if shard == "0":
+            self.queue_changed(namespace, queue)
+
     def targets(self) -> list[Target]:
         """The targets pushed to now."""
         return [loop.target for loop, _ in self._running.values()]
@@ -220,16 +235,22 @@ class Pusher:
     async def _sync_loop(self) -> None:
         """Applies setting changes one queue at a time, in the order they came."""
         while True:
-            await self._wake.wait()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), POLL_S)
             self._wake.clear()
             keys, self._dirty = self._dirty, set()
             rescan, self._rescan = self._rescan, False
             try:
+                version = await self.store.queues.push_version()
+                if version != self._version:
+                    rescan = True
                 if rescan:
                     keys |= set(await self.store.queues.push_queues()) | set(self._running)
                 for key in sorted(keys):
                     await self._sync(key)
                     keys.discard(key)
+                if rescan:
+                    self._version = version
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Redis trouble: try what is left again

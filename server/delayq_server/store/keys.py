@@ -12,8 +12,10 @@ from dataclasses import dataclass
 
 QUEUES_KEY = "dq:queues"  # SET of "ns/queue" known to any replica
 PUSH_QUEUES_KEY = "dq:push_queues"  # SET of "ns/queue" whose settings hold a push target
+# Bumped at each change of a queue's push target: pushers poll it, since queue events
+# reach only the replicas that know the queue (shard 0's channel).
+PUSH_VERSION_KEY = "dq:push_version"
 REPLICAS_KEY = "dq:replicas"  # ZSET server id -> last heartbeat ms (timer ownership)
-EVENTS_CHANNEL = "dq:events"  # pub/sub: "<shard prefix> ready" | "<shard prefix> due <ms>"
 
 
 def queue_meta_key(namespace: str, queue: str) -> str:
@@ -56,8 +58,9 @@ def consume_streams_key(namespace: str) -> str:
 
 
 def server_channel(server_id: str) -> str:
-    """Pub/sub channel of one server replica: credit returned to its streams."""
-    return f"dq:srv:{server_id}"
+    """SHARD CHANNEL of one server replica: credit returned to its streams. Its own
+    hash tag ("{srv:<id>}" cannot meet a shard's, names never contain ":")."""
+    return f"dq:{{srv:{server_id}}}:ch"
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +79,13 @@ class ShardKeys:
     def prefix(self) -> str:
         """Prefix of every key of the shard; scripts derive record and bucket keys from it."""
         return f"dq:{{{self.tag}}}:"
+
+    @property
+    def channel(self) -> str:
+        """SHARD CHANNEL (SPUBLISH/SSUBSCRIBE): the shard's wake-ups, "<prefix> ready <n>",
+        "<prefix> due <ms>", "<prefix> lease <ms>". Under the shard's hash tag, so on a
+        cluster only the node that owns the shard carries them (docs/decisions.md)."""
+        return self.prefix + "ch"
 
     @property
     def index(self) -> str:

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from delayq_server.store.keys import (
-    EVENTS_CHANNEL,
     PUSH_QUEUES_KEY,
+    PUSH_VERSION_KEY,
     QUEUES_KEY,
     ShardKeys,
     namespace_queues_key,
@@ -180,6 +180,7 @@ class Queues:
             pipe.sadd(QUEUES_KEY, f"{namespace}/{queue}")
             if settings.push is not None:
                 pipe.sadd(PUSH_QUEUES_KEY, f"{namespace}/{queue}")
+                pipe.incr(PUSH_VERSION_KEY)
             await pipe.execute()
         await self.changed(namespace, queue)  # pushers of every replica read its target
         return True
@@ -199,6 +200,7 @@ class Queues:
                     pipe.srem(PUSH_QUEUES_KEY, f"{namespace}/{queue}")
                 else:
                     pipe.sadd(PUSH_QUEUES_KEY, f"{namespace}/{queue}")
+                pipe.incr(PUSH_VERSION_KEY)
             await pipe.execute()
         await self.changed(namespace, queue)
 
@@ -206,6 +208,10 @@ class Queues:
         """Queues whose settings hold a push target, as (namespace, queue)."""
         members = await self._redis.smembers(PUSH_QUEUES_KEY)
         return [tuple(_s(m).split("/", 1)) for m in sorted(members)]  # type: ignore[misc]
+
+    async def push_version(self) -> int:
+        """Changes of push targets so far (any queue): pushers poll it."""
+        return int(await self._redis.get(PUSH_VERSION_KEY) or 0)
 
     async def push_target(self, namespace: str, queue: str) -> str | None:
         """The queue's push target JSON read from Redis now (None: no push)."""
@@ -223,7 +229,7 @@ class Queues:
                 self._store._run(
                     "pause",
                     [k.paused, k.ready],
-                    [k.prefix, "1" if paused else "0", EVENTS_CHANNEL],
+                    [k.prefix, "1" if paused else "0", k.channel],
                 )
                 for k in (ShardKeys(namespace, queue, s) for s in range(shards))
             )
@@ -254,6 +260,7 @@ class Queues:
             pipe.delete(queue_meta_key(namespace, queue))
             pipe.srem(QUEUES_KEY, f"{namespace}/{queue}")
             pipe.srem(PUSH_QUEUES_KEY, f"{namespace}/{queue}")
+            pipe.incr(PUSH_VERSION_KEY)
             pipe.srem(namespace_queues_key(namespace), queue)
             await pipe.execute()
         self._store.forget_queue(namespace, queue)
@@ -265,6 +272,9 @@ class Queues:
         await self._publish(namespace, queue, "changed")
 
     async def _publish(self, namespace: str, queue: str, what: str) -> None:
-        await self._redis.publish(
-            EVENTS_CHANNEL, f"{queue_event_prefix(namespace, queue)} {QUEUE_EVENT} {what}"
+        """On shard 0's channel: every replica that knows the queue listens there
+        (events.PubSubListener), and the message names the queue, not the shard."""
+        await self._redis.spublish(
+            ShardKeys(namespace, queue, 0).channel,
+            f"{queue_event_prefix(namespace, queue)} {QUEUE_EVENT} {what}",
         )
