@@ -166,7 +166,9 @@ class App:
             self.hub,
             self.server_id,
             self.dispatcher.on_message,
-            on_subscribed=resync.on_resubscribed(self.store, self.timers, self.dispatcher),
+            on_subscribed=resync.on_resubscribed(
+                self.store, self.timers, self.dispatcher, self._push_resubscribed
+            ),
         )
         self.timers.on_known = self.listener.want
         self.health = health_aio.HealthServicer()
@@ -216,11 +218,13 @@ class App:
             )
         self.http_port = 0
         self.pusher: Pusher | None = None
-        if cfg.push_config is not None:
-            try:
-                targets = push_config.load(cfg.push_config)
-            except push_config.PushConfigError as exc:
-                raise StartupError(f"--push-config: {exc}") from exc
+        if cfg.push_config is not None or cfg.push:
+            targets = None
+            if cfg.push_config is not None:
+                try:
+                    targets = push_config.load(cfg.push_config)
+                except push_config.PushConfigError as exc:
+                    raise StartupError(f"--push-config: {exc}") from exc
             self.pusher = Pusher(targets, self.store, self.dispatcher, self.timers.ensure)
         self.gauges: QueueGauges | None = None
         if self.telemetry.metering:
@@ -239,9 +243,15 @@ class App:
         self.telemetry.on_reaped(keys, leases)
         self.dispatcher.on_reaped(keys, leases)
 
+    def _push_resubscribed(self, tag: str | None) -> None:
+        if self.pusher is not None:  # queue events may have been lost: targets too
+            self.pusher.resubscribed(tag)
+
     def _on_queue_event(self, tag: str, detail: str) -> None:
         """A queue's settings changed or it was deleted, through any replica."""
         namespace, _, queue = tag.partition("/")
+        if self.pusher is not None:  # its push target may have changed
+            self.pusher.queue_changed(namespace, queue)
         if detail != "deleted":
             self.store.queues.forget(namespace, queue)
             return

@@ -60,6 +60,7 @@ class Config:
     workers: int = 1  # server processes sharing the port (workers.py)
     reuse_port: bool = False  # set by the supervisor for its workers only
     push_config: str | None = None  # JSON push targets: set, this process pushes (push/)
+    push: bool = False  # push queues whose admin settings hold a target (implied by push_config)
 
 
 # flag name -> (env var, parser, help)
@@ -149,6 +150,10 @@ _BOOLS: dict[str, tuple[str, str]] = {
     "record_events": (
         "DELAYQ_RECORD_EVENTS",
         "record lifecycle events to per-shard Redis streams",
+    ),
+    "push": (
+        "DELAYQ_PUSH",
+        'push queues whose settings hold a push target (README "Push delivery")',
     ),
 }
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")

@@ -10,14 +10,19 @@ from delayq_server.timers.manager import Timers
 
 
 def on_resubscribed(
-    store: Store, timers: Timers, dispatcher: Dispatcher
+    store: Store,
+    timers: Timers,
+    dispatcher: Dispatcher,
+    also: Callable[[str | None], None] = lambda tag: None,
 ) -> Callable[[str | None], None]:
     """The listener's ``on_subscribed``: events published while a channel was not
     subscribed are lost, so its shard is re-checked (``None``, the replica's own
     channel: everything). Queue events ride on shard 0's channel (store/queues.py),
-    so that one also drops the queue's cached settings."""
+    so that one also drops the queue's cached settings. ``also`` (the pusher's) gets
+    the tag too."""
 
     def resync(tag: str | None) -> None:
+        also(tag)
         if tag is None:
             store.queues.forget_all()  # "changed" events may have been lost
             timers.wake_all()

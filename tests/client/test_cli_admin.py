@@ -99,3 +99,29 @@ def test_redrive_all_to_another_queue_with_progress(cli: Path, target: str) -> N
         assert admin.get_queue("src").stats.dead == 0
         moved = list(admin.iter_jobs("dst", JobState.READY))
     assert sorted(j.data for j in moved) == [f"d{i}".encode() for i in range(5)]
+
+
+def test_push_target_from_the_command_line(cli: Path, target: str, tmp_path: Path) -> None:
+    secret = tmp_path / "push.key"
+    secret.write_text("cli-secret-0123456789abcdef\n")
+    made = run(cli, target, "queues", "create", "hooks", "--push-url", "https://example.com/h",
+               "--push-secret-file", str(secret), "--push-header", "X-Team=red",
+               "--push-timeout", "3s")  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    push = json.loads(run(cli, target, "queues", "show", "hooks").stdout)["settings"]["push"]
+    assert push["url"] == "https://example.com/h" and push["headers"] == {"X-Team": "red"}
+    assert push["timeout_s"] == 3 and push["has_secret"] and len(push["secret_fingerprint"]) == 12
+    assert "cli-secret" not in json.dumps(push)
+    # A change without --push-secret-file keeps the secret.
+    upd = run(cli, target, "queues", "update", "hooks", "--push-url", "https://example.com/v2")
+    assert upd.returncode == 0, upd.stderr
+    after = json.loads(run(cli, target, "queues", "show", "hooks").stdout)["settings"]["push"]
+    assert after["url"] == "https://example.com/v2" and after["headers"] == {}
+    assert after["secret_fingerprint"] == push["secret_fingerprint"]
+    bad = run(cli, target, "queues", "update", "hooks", "--push-url", "http://example.com/")
+    assert bad.returncode != 0 and "settings.push.url" in bad.stderr
+    cleared = run(cli, target, "queues", "update", "hooks", "--reset", "push")
+    assert cleared.returncode == 0, cleared.stderr
+    assert (
+        json.loads(run(cli, target, "queues", "show", "hooks").stdout)["settings"]["push"] is None
+    )

@@ -20,9 +20,9 @@ from tests.support.servers import DelayqProcess, ManagedRedis
 ACL_COMMANDS = (
     "+ping +time "
     "+evalsha +eval +script|load +script|exists "
-    "+get +mget +set +del +exists +pexpire +pexpireat "
-    "+hget +hmget +hset +hsetnx +hgetall +hincrby "
-    "+sadd +smembers +sismember +scard "
+    "+get +mget +set +del +exists +pexpire +pexpireat +incr "
+    "+hget +hmget +hset +hsetnx +hgetall +hincrby +hdel "
+    "+sadd +srem +smembers +sismember +scard "
     "+lpush +rpush +rpop +llen +lindex +lrem "
     "+zadd +zrange +zrem +zcard +zscore +zremrangebyscore "
     "+multi +exec +discard "

@@ -499,7 +499,10 @@ type QueueSettings struct {
 	// Dead jobs older than this are deleted by the janitor, 1 s to 3660 days.
 	DeadRetention *durationpb.Duration `protobuf:"bytes,6,opt,name=dead_retention,json=deadRetention,proto3" json:"dead_retention,omitempty"`
 	// At most this many dead jobs are kept (oldest deleted first), 1 to 100000000.
-	DeadMaxJobs   uint64 `protobuf:"varint,7,opt,name=dead_max_jobs,json=deadMaxJobs,proto3" json:"dead_max_jobs,omitempty"`
+	DeadMaxJobs uint64 `protobuf:"varint,7,opt,name=dead_max_jobs,json=deadMaxJobs,proto3" json:"dead_max_jobs,omitempty"`
+	// HTTP push target: due jobs are POSTed to it by every pusher (README "Push
+	// delivery"). Unset: no push (jobs wait for Consume).
+	Push          *PushTarget `protobuf:"bytes,8,opt,name=push,proto3" json:"push,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -583,6 +586,160 @@ func (x *QueueSettings) GetDeadMaxJobs() uint64 {
 	return 0
 }
 
+func (x *QueueSettings) GetPush() *PushTarget {
+	if x != nil {
+		return x.Push
+	}
+	return nil
+}
+
+// PushTarget is where and how a queue's due jobs are pushed; the same rules as
+// a --push-config file's target. Empty or zero fields take the file's defaults.
+type PushTarget struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Absolute https:// URL (http:// only with allow_http).
+	Url string `protobuf:"bytes,1,opt,name=url,proto3" json:"url,omitempty"`
+	// POST (default), PUT or PATCH.
+	Method string `protobuf:"bytes,2,opt,name=method,proto3" json:"method,omitempty"`
+	// Static headers sent with every request (never the ones the pusher sets).
+	Headers map[string]string `protobuf:"bytes,3,rep,name=headers,proto3" json:"headers,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Request timeout, 100 ms to 300 s; unset: 10 s.
+	Timeout *durationpb.Duration `protobuf:"bytes,4,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	// Requests in flight for this queue, 1 to 1000; 0: 8.
+	Concurrency uint32 `protobuf:"varint,5,opt,name=concurrency,proto3" json:"concurrency,omitempty"`
+	// What counts as success: "2xx" (default) or "later" (2xx with JSON {"code": 100}).
+	Success string `protobuf:"bytes,6,opt,name=success,proto3" json:"success,omitempty"`
+	// Allow an http:// URL.
+	AllowHttp bool `protobuf:"varint,7,opt,name=allow_http,json=allowHttp,proto3" json:"allow_http,omitempty"`
+	// Host names, addresses or CIDRs allowed although not public.
+	Allowlist []string `protobuf:"bytes,8,rep,name=allowlist,proto3" json:"allowlist,omitempty"`
+	// HMAC key (at least 16 bytes). Write-only: never returned. Empty in an
+	// UpdateQueue keeps the queue's current secret.
+	Secret string `protobuf:"bytes,9,opt,name=secret,proto3" json:"secret,omitempty"`
+	// Output only: the target has a secret.
+	HasSecret bool `protobuf:"varint,10,opt,name=has_secret,json=hasSecret,proto3" json:"has_secret,omitempty"`
+	// Output only: first 12 hex digits of the secret's SHA-256, to tell secrets apart.
+	SecretFingerprint string `protobuf:"bytes,11,opt,name=secret_fingerprint,json=secretFingerprint,proto3" json:"secret_fingerprint,omitempty"`
+	// Response bytes read at most, 1 to 1048576; 0: 65536.
+	MaxResponseBytes uint32 `protobuf:"varint,12,opt,name=max_response_bytes,json=maxResponseBytes,proto3" json:"max_response_bytes,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *PushTarget) Reset() {
+	*x = PushTarget{}
+	mi := &file_delayq_v1_admin_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PushTarget) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PushTarget) ProtoMessage() {}
+
+func (x *PushTarget) ProtoReflect() protoreflect.Message {
+	mi := &file_delayq_v1_admin_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PushTarget.ProtoReflect.Descriptor instead.
+func (*PushTarget) Descriptor() ([]byte, []int) {
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *PushTarget) GetUrl() string {
+	if x != nil {
+		return x.Url
+	}
+	return ""
+}
+
+func (x *PushTarget) GetMethod() string {
+	if x != nil {
+		return x.Method
+	}
+	return ""
+}
+
+func (x *PushTarget) GetHeaders() map[string]string {
+	if x != nil {
+		return x.Headers
+	}
+	return nil
+}
+
+func (x *PushTarget) GetTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.Timeout
+	}
+	return nil
+}
+
+func (x *PushTarget) GetConcurrency() uint32 {
+	if x != nil {
+		return x.Concurrency
+	}
+	return 0
+}
+
+func (x *PushTarget) GetSuccess() string {
+	if x != nil {
+		return x.Success
+	}
+	return ""
+}
+
+func (x *PushTarget) GetAllowHttp() bool {
+	if x != nil {
+		return x.AllowHttp
+	}
+	return false
+}
+
+func (x *PushTarget) GetAllowlist() []string {
+	if x != nil {
+		return x.Allowlist
+	}
+	return nil
+}
+
+func (x *PushTarget) GetSecret() string {
+	if x != nil {
+		return x.Secret
+	}
+	return ""
+}
+
+func (x *PushTarget) GetHasSecret() bool {
+	if x != nil {
+		return x.HasSecret
+	}
+	return false
+}
+
+func (x *PushTarget) GetSecretFingerprint() string {
+	if x != nil {
+		return x.SecretFingerprint
+	}
+	return ""
+}
+
+func (x *PushTarget) GetMaxResponseBytes() uint32 {
+	if x != nil {
+		return x.MaxResponseBytes
+	}
+	return 0
+}
+
 // Queue is one queue as the administration sees it.
 type Queue struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -602,7 +759,7 @@ type Queue struct {
 
 func (x *Queue) Reset() {
 	*x = Queue{}
-	mi := &file_delayq_v1_admin_proto_msgTypes[8]
+	mi := &file_delayq_v1_admin_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -614,7 +771,7 @@ func (x *Queue) String() string {
 func (*Queue) ProtoMessage() {}
 
 func (x *Queue) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_admin_proto_msgTypes[8]
+	mi := &file_delayq_v1_admin_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -627,7 +784,7 @@ func (x *Queue) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Queue.ProtoReflect.Descriptor instead.
 func (*Queue) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{8}
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Queue) GetNamespace() string {
@@ -680,7 +837,7 @@ type ListQueuesRequest struct {
 
 func (x *ListQueuesRequest) Reset() {
 	*x = ListQueuesRequest{}
-	mi := &file_delayq_v1_admin_proto_msgTypes[9]
+	mi := &file_delayq_v1_admin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -692,7 +849,7 @@ func (x *ListQueuesRequest) String() string {
 func (*ListQueuesRequest) ProtoMessage() {}
 
 func (x *ListQueuesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_admin_proto_msgTypes[9]
+	mi := &file_delayq_v1_admin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -705,7 +862,7 @@ func (x *ListQueuesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListQueuesRequest.ProtoReflect.Descriptor instead.
 func (*ListQueuesRequest) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{9}
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ListQueuesRequest) GetNamespace() string {
@@ -742,7 +899,7 @@ type ListQueuesResponse struct {
 
 func (x *ListQueuesResponse) Reset() {
 	*x = ListQueuesResponse{}
-	mi := &file_delayq_v1_admin_proto_msgTypes[10]
+	mi := &file_delayq_v1_admin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -754,7 +911,7 @@ func (x *ListQueuesResponse) String() string {
 func (*ListQueuesResponse) ProtoMessage() {}
 
 func (x *ListQueuesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_admin_proto_msgTypes[10]
+	mi := &file_delayq_v1_admin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -767,7 +924,7 @@ func (x *ListQueuesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListQueuesResponse.ProtoReflect.Descriptor instead.
 func (*ListQueuesResponse) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{10}
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListQueuesResponse) GetQueues() []*Queue {
@@ -799,7 +956,7 @@ type CreateQueueRequest struct {
 
 func (x *CreateQueueRequest) Reset() {
 	*x = CreateQueueRequest{}
-	mi := &file_delayq_v1_admin_proto_msgTypes[11]
+	mi := &file_delayq_v1_admin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -811,7 +968,7 @@ func (x *CreateQueueRequest) String() string {
 func (*CreateQueueRequest) ProtoMessage() {}
 
 func (x *CreateQueueRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_admin_proto_msgTypes[11]
+	mi := &file_delayq_v1_admin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -824,7 +981,7 @@ func (x *CreateQueueRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateQueueRequest.ProtoReflect.Descriptor instead.
 func (*CreateQueueRequest) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{11}
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CreateQueueRequest) GetNamespace() string {
@@ -859,7 +1016,7 @@ type CreateQueueResponse struct {
 
 func (x *CreateQueueResponse) Reset() {
 	*x = CreateQueueResponse{}
-	mi := &file_delayq_v1_admin_proto_msgTypes[12]
+	mi := &file_delayq_v1_admin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -871,7 +1028,7 @@ func (x *CreateQueueResponse) String() string {
 func (*CreateQueueResponse) ProtoMessage() {}
 
 func (x *CreateQueueResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_admin_proto_msgTypes[12]
+	mi := &file_delayq_v1_admin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -884,7 +1041,7 @@ func (x *CreateQueueResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateQueueResponse.ProtoReflect.Descriptor instead.
 func (*CreateQueueResponse) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{12}
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CreateQueueResponse) GetQueue() *Queue {
@@ -907,7 +1064,7 @@ type GetQueueRequest struct {
 
 func (x *GetQueueRequest) Reset() {
 	*x = GetQueueRequest{}
-	mi := &file_delayq_v1_admin_proto_msgTypes[13]
+	mi := &file_delayq_v1_admin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -919,7 +1076,7 @@ func (x *GetQueueRequest) String() string {
 func (*GetQueueRequest) ProtoMessage() {}
 
 func (x *GetQueueRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_admin_proto_msgTypes[13]
+	mi := &file_delayq_v1_admin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -932,7 +1089,7 @@ func (x *GetQueueRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetQueueRequest.ProtoReflect.Descriptor instead.
 func (*GetQueueRequest) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{13}
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetQueueRequest) GetNamespace() string {
@@ -960,7 +1117,7 @@ type GetQueueResponse struct {
 
 func (x *GetQueueResponse) Reset() {
 	*x = GetQueueResponse{}
-	mi := &file_delayq_v1_admin_proto_msgTypes[14]
+	mi := &file_delayq_v1_admin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -972,7 +1129,7 @@ func (x *GetQueueResponse) String() string {
 func (*GetQueueResponse) ProtoMessage() {}
 
 func (x *GetQueueResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_admin_proto_msgTypes[14]
+	mi := &file_delayq_v1_admin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -985,7 +1142,7 @@ func (x *GetQueueResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetQueueResponse.ProtoReflect.Descriptor instead.
 func (*GetQueueResponse) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{14}
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetQueueResponse) GetQueue() *Queue {
@@ -1005,8 +1162,8 @@ type UpdateQueueRequest struct {
 	// New values of the fields named in update_mask.
 	Settings *QueueSettings `protobuf:"bytes,3,opt,name=settings,proto3" json:"settings,omitempty"`
 	// QueueSettings fields to change (default_lease, max_attempts, retry,
-	// completed_retention, dead_retention, dead_max_jobs); at least one. A named
-	// field left unset goes back to the server default.
+	// completed_retention, dead_retention, dead_max_jobs, push); at least one. A
+	// named field left unset goes back to the server default (push: no push).
 	UpdateMask    *fieldmaskpb.FieldMask `protobuf:"bytes,4,opt,name=update_mask,json=updateMask,proto3" json:"update_mask,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1014,7 +1171,7 @@ type UpdateQueueRequest struct {
 
 func (x *UpdateQueueRequest) Reset() {
 	*x = UpdateQueueRequest{}
-	mi := &file_delayq_v1_admin_proto_msgTypes[15]
+	mi := &file_delayq_v1_admin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1026,7 +1183,7 @@ func (x *UpdateQueueRequest) String() string {
 func (*UpdateQueueRequest) ProtoMessage() {}
 
 func (x *UpdateQueueRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_admin_proto_msgTypes[15]
+	mi := &file_delayq_v1_admin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1039,7 +1196,7 @@ func (x *UpdateQueueRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateQueueRequest.ProtoReflect.Descriptor instead.
 func (*UpdateQueueRequest) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{15}
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *UpdateQueueRequest) GetNamespace() string {
@@ -1081,7 +1238,7 @@ type UpdateQueueResponse struct {
 
 func (x *UpdateQueueResponse) Reset() {
 	*x = UpdateQueueResponse{}
-	mi := &file_delayq_v1_admin_proto_msgTypes[16]
+	mi := &file_delayq_v1_admin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1093,7 +1250,7 @@ func (x *UpdateQueueResponse) String() string {
 func (*UpdateQueueResponse) ProtoMessage() {}
 
 func (x *UpdateQueueResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_admin_proto_msgTypes[16]
+	mi := &file_delayq_v1_admin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1106,7 +1263,7 @@ func (x *UpdateQueueResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateQueueResponse.ProtoReflect.Descriptor instead.
 func (*UpdateQueueResponse) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{16}
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *UpdateQueueResponse) GetQueue() *Queue {
@@ -1129,7 +1286,7 @@ type DeleteQueueRequest struct {
 
 func (x *DeleteQueueRequest) Reset() {
 	*x = DeleteQueueRequest{}
-	mi := &file_delayq_v1_admin_proto_msgTypes[17]
+	mi := &file_delayq_v1_admin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1141,7 +1298,7 @@ func (x *DeleteQueueRequest) String() string {
 func (*DeleteQueueRequest) ProtoMessage() {}
 
 func (x *DeleteQueueRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_admin_proto_msgTypes[17]
+	mi := &file_delayq_v1_admin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1154,7 +1311,7 @@ func (x *DeleteQueueRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteQueueRequest.ProtoReflect.Descriptor instead.
 func (*DeleteQueueRequest) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{17}
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *DeleteQueueRequest) GetNamespace() string {
@@ -1180,7 +1337,7 @@ type DeleteQueueResponse struct {
 
 func (x *DeleteQueueResponse) Reset() {
 	*x = DeleteQueueResponse{}
-	mi := &file_delayq_v1_admin_proto_msgTypes[18]
+	mi := &file_delayq_v1_admin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1192,7 +1349,7 @@ func (x *DeleteQueueResponse) String() string {
 func (*DeleteQueueResponse) ProtoMessage() {}
 
 func (x *DeleteQueueResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_admin_proto_msgTypes[18]
+	mi := &file_delayq_v1_admin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1205,7 +1362,7 @@ func (x *DeleteQueueResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteQueueResponse.ProtoReflect.Descriptor instead.
 func (*DeleteQueueResponse) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{18}
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{19}
 }
 
 // PauseQueueRequest names one queue.
@@ -1221,7 +1378,7 @@ type PauseQueueRequest struct {
 
 func (x *PauseQueueRequest) Reset() {
 	*x = PauseQueueRequest{}
-	mi := &file_delayq_v1_admin_proto_msgTypes[19]
+	mi := &file_delayq_v1_admin_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1233,7 +1390,7 @@ func (x *PauseQueueRequest) String() string {
 func (*PauseQueueRequest) ProtoMessage() {}
 
 func (x *PauseQueueRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_admin_proto_msgTypes[19]
+	mi := &file_delayq_v1_admin_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1246,7 +1403,7 @@ func (x *PauseQueueRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseQueueRequest.ProtoReflect.Descriptor instead.
 func (*PauseQueueRequest) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{19}
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PauseQueueRequest) GetNamespace() string {
@@ -1274,7 +1431,7 @@ type PauseQueueResponse struct {
 
 func (x *PauseQueueResponse) Reset() {
 	*x = PauseQueueResponse{}
-	mi := &file_delayq_v1_admin_proto_msgTypes[20]
+	mi := &file_delayq_v1_admin_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1286,7 +1443,7 @@ func (x *PauseQueueResponse) String() string {
 func (*PauseQueueResponse) ProtoMessage() {}
 
 func (x *PauseQueueResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_admin_proto_msgTypes[20]
+	mi := &file_delayq_v1_admin_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1299,7 +1456,7 @@ func (x *PauseQueueResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseQueueResponse.ProtoReflect.Descriptor instead.
 func (*PauseQueueResponse) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{20}
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *PauseQueueResponse) GetQueue() *Queue {
@@ -1322,7 +1479,7 @@ type ResumeQueueRequest struct {
 
 func (x *ResumeQueueRequest) Reset() {
 	*x = ResumeQueueRequest{}
-	mi := &file_delayq_v1_admin_proto_msgTypes[21]
+	mi := &file_delayq_v1_admin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1334,7 +1491,7 @@ func (x *ResumeQueueRequest) String() string {
 func (*ResumeQueueRequest) ProtoMessage() {}
 
 func (x *ResumeQueueRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_admin_proto_msgTypes[21]
+	mi := &file_delayq_v1_admin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1347,7 +1504,7 @@ func (x *ResumeQueueRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeQueueRequest.ProtoReflect.Descriptor instead.
 func (*ResumeQueueRequest) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{21}
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ResumeQueueRequest) GetNamespace() string {
@@ -1375,7 +1532,7 @@ type ResumeQueueResponse struct {
 
 func (x *ResumeQueueResponse) Reset() {
 	*x = ResumeQueueResponse{}
-	mi := &file_delayq_v1_admin_proto_msgTypes[22]
+	mi := &file_delayq_v1_admin_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1387,7 +1544,7 @@ func (x *ResumeQueueResponse) String() string {
 func (*ResumeQueueResponse) ProtoMessage() {}
 
 func (x *ResumeQueueResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_admin_proto_msgTypes[22]
+	mi := &file_delayq_v1_admin_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1400,7 +1557,7 @@ func (x *ResumeQueueResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeQueueResponse.ProtoReflect.Descriptor instead.
 func (*ResumeQueueResponse) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{22}
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ResumeQueueResponse) GetQueue() *Queue {
@@ -1427,7 +1584,7 @@ type PurgeQueueRequest struct {
 
 func (x *PurgeQueueRequest) Reset() {
 	*x = PurgeQueueRequest{}
-	mi := &file_delayq_v1_admin_proto_msgTypes[23]
+	mi := &file_delayq_v1_admin_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1439,7 +1596,7 @@ func (x *PurgeQueueRequest) String() string {
 func (*PurgeQueueRequest) ProtoMessage() {}
 
 func (x *PurgeQueueRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_admin_proto_msgTypes[23]
+	mi := &file_delayq_v1_admin_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1452,7 +1609,7 @@ func (x *PurgeQueueRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PurgeQueueRequest.ProtoReflect.Descriptor instead.
 func (*PurgeQueueRequest) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{23}
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *PurgeQueueRequest) GetNamespace() string {
@@ -1496,7 +1653,7 @@ type PurgeQueueResponse struct {
 
 func (x *PurgeQueueResponse) Reset() {
 	*x = PurgeQueueResponse{}
-	mi := &file_delayq_v1_admin_proto_msgTypes[24]
+	mi := &file_delayq_v1_admin_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1508,7 +1665,7 @@ func (x *PurgeQueueResponse) String() string {
 func (*PurgeQueueResponse) ProtoMessage() {}
 
 func (x *PurgeQueueResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_admin_proto_msgTypes[24]
+	mi := &file_delayq_v1_admin_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1521,7 +1678,7 @@ func (x *PurgeQueueResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PurgeQueueResponse.ProtoReflect.Descriptor instead.
 func (*PurgeQueueResponse) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{24}
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *PurgeQueueResponse) GetPurged() uint64 {
@@ -1565,7 +1722,7 @@ type ListJobsRequest struct {
 
 func (x *ListJobsRequest) Reset() {
 	*x = ListJobsRequest{}
-	mi := &file_delayq_v1_admin_proto_msgTypes[25]
+	mi := &file_delayq_v1_admin_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1577,7 +1734,7 @@ func (x *ListJobsRequest) String() string {
 func (*ListJobsRequest) ProtoMessage() {}
 
 func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_admin_proto_msgTypes[25]
+	mi := &file_delayq_v1_admin_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1590,7 +1747,7 @@ func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsRequest.ProtoReflect.Descriptor instead.
 func (*ListJobsRequest) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{25}
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListJobsRequest) GetNamespace() string {
@@ -1662,7 +1819,7 @@ type ListJobsResponse struct {
 
 func (x *ListJobsResponse) Reset() {
 	*x = ListJobsResponse{}
-	mi := &file_delayq_v1_admin_proto_msgTypes[26]
+	mi := &file_delayq_v1_admin_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1674,7 +1831,7 @@ func (x *ListJobsResponse) String() string {
 func (*ListJobsResponse) ProtoMessage() {}
 
 func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_admin_proto_msgTypes[26]
+	mi := &file_delayq_v1_admin_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1687,7 +1844,7 @@ func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsResponse.ProtoReflect.Descriptor instead.
 func (*ListJobsResponse) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{26}
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListJobsResponse) GetJobs() []*Job {
@@ -1728,7 +1885,7 @@ type RescheduleJobRequest struct {
 
 func (x *RescheduleJobRequest) Reset() {
 	*x = RescheduleJobRequest{}
-	mi := &file_delayq_v1_admin_proto_msgTypes[27]
+	mi := &file_delayq_v1_admin_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1740,7 +1897,7 @@ func (x *RescheduleJobRequest) String() string {
 func (*RescheduleJobRequest) ProtoMessage() {}
 
 func (x *RescheduleJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_admin_proto_msgTypes[27]
+	mi := &file_delayq_v1_admin_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1753,7 +1910,7 @@ func (x *RescheduleJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RescheduleJobRequest.ProtoReflect.Descriptor instead.
 func (*RescheduleJobRequest) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{27}
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RescheduleJobRequest) GetNamespace() string {
@@ -1838,7 +1995,7 @@ type RescheduleJobResponse struct {
 
 func (x *RescheduleJobResponse) Reset() {
 	*x = RescheduleJobResponse{}
-	mi := &file_delayq_v1_admin_proto_msgTypes[28]
+	mi := &file_delayq_v1_admin_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1850,7 +2007,7 @@ func (x *RescheduleJobResponse) String() string {
 func (*RescheduleJobResponse) ProtoMessage() {}
 
 func (x *RescheduleJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_admin_proto_msgTypes[28]
+	mi := &file_delayq_v1_admin_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1863,7 +2020,7 @@ func (x *RescheduleJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RescheduleJobResponse.ProtoReflect.Descriptor instead.
 func (*RescheduleJobResponse) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{28}
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RescheduleJobResponse) GetJob() *Job {
@@ -1894,7 +2051,7 @@ type UpdateJobRequest struct {
 
 func (x *UpdateJobRequest) Reset() {
 	*x = UpdateJobRequest{}
-	mi := &file_delayq_v1_admin_proto_msgTypes[29]
+	mi := &file_delayq_v1_admin_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1906,7 +2063,7 @@ func (x *UpdateJobRequest) String() string {
 func (*UpdateJobRequest) ProtoMessage() {}
 
 func (x *UpdateJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_admin_proto_msgTypes[29]
+	mi := &file_delayq_v1_admin_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1919,7 +2076,7 @@ func (x *UpdateJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateJobRequest.ProtoReflect.Descriptor instead.
 func (*UpdateJobRequest) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{29}
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *UpdateJobRequest) GetNamespace() string {
@@ -1975,7 +2132,7 @@ type UpdateJobResponse struct {
 
 func (x *UpdateJobResponse) Reset() {
 	*x = UpdateJobResponse{}
-	mi := &file_delayq_v1_admin_proto_msgTypes[30]
+	mi := &file_delayq_v1_admin_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1987,7 +2144,7 @@ func (x *UpdateJobResponse) String() string {
 func (*UpdateJobResponse) ProtoMessage() {}
 
 func (x *UpdateJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_admin_proto_msgTypes[30]
+	mi := &file_delayq_v1_admin_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2000,7 +2157,7 @@ func (x *UpdateJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateJobResponse.ProtoReflect.Descriptor instead.
 func (*UpdateJobResponse) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{30}
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *UpdateJobResponse) GetJob() *Job {
@@ -2031,7 +2188,7 @@ type RedriveDeadLettersRequest struct {
 
 func (x *RedriveDeadLettersRequest) Reset() {
 	*x = RedriveDeadLettersRequest{}
-	mi := &file_delayq_v1_admin_proto_msgTypes[31]
+	mi := &file_delayq_v1_admin_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2043,7 +2200,7 @@ func (x *RedriveDeadLettersRequest) String() string {
 func (*RedriveDeadLettersRequest) ProtoMessage() {}
 
 func (x *RedriveDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_admin_proto_msgTypes[31]
+	mi := &file_delayq_v1_admin_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2056,7 +2213,7 @@ func (x *RedriveDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RedriveDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*RedriveDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{31}
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RedriveDeadLettersRequest) GetNamespace() string {
@@ -2114,7 +2271,7 @@ type RedriveDeadLettersResponse struct {
 
 func (x *RedriveDeadLettersResponse) Reset() {
 	*x = RedriveDeadLettersResponse{}
-	mi := &file_delayq_v1_admin_proto_msgTypes[32]
+	mi := &file_delayq_v1_admin_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2126,7 +2283,7 @@ func (x *RedriveDeadLettersResponse) String() string {
 func (*RedriveDeadLettersResponse) ProtoMessage() {}
 
 func (x *RedriveDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_admin_proto_msgTypes[32]
+	mi := &file_delayq_v1_admin_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2139,7 +2296,7 @@ func (x *RedriveDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RedriveDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*RedriveDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{32}
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RedriveDeadLettersResponse) GetRedriven() uint64 {
@@ -2184,7 +2341,7 @@ const file_delayq_v1_admin_proto_rawDesc = "" +
 	"\x06tokens\x18\x01 \x03(\v2\x14.delayq.v1.TokenInfoR\x06tokens\"/\n" +
 	"\x12RevokeTokenRequest\x12\x19\n" +
 	"\btoken_id\x18\x01 \x01(\tR\atokenId\"\x15\n" +
-	"\x13RevokeTokenResponse\"\xea\x02\n" +
+	"\x13RevokeTokenResponse\"\x95\x03\n" +
 	"\rQueueSettings\x12\x16\n" +
 	"\x06shards\x18\x01 \x01(\rR\x06shards\x12>\n" +
 	"\rdefault_lease\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\fdefaultLease\x12!\n" +
@@ -2192,7 +2349,28 @@ const file_delayq_v1_admin_proto_rawDesc = "" +
 	"\x05retry\x18\x04 \x01(\v2\x16.delayq.v1.RetryPolicyR\x05retry\x12J\n" +
 	"\x13completed_retention\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x12completedRetention\x12@\n" +
 	"\x0edead_retention\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\rdeadRetention\x12\"\n" +
-	"\rdead_max_jobs\x18\a \x01(\x04R\vdeadMaxJobs\"\xb6\x01\n" +
+	"\rdead_max_jobs\x18\a \x01(\x04R\vdeadMaxJobs\x12)\n" +
+	"\x04push\x18\b \x01(\v2\x15.delayq.v1.PushTargetR\x04push\"\xf2\x03\n" +
+	"\n" +
+	"PushTarget\x12\x10\n" +
+	"\x03url\x18\x01 \x01(\tR\x03url\x12\x16\n" +
+	"\x06method\x18\x02 \x01(\tR\x06method\x12<\n" +
+	"\aheaders\x18\x03 \x03(\v2\".delayq.v1.PushTarget.HeadersEntryR\aheaders\x123\n" +
+	"\atimeout\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\atimeout\x12 \n" +
+	"\vconcurrency\x18\x05 \x01(\rR\vconcurrency\x12\x18\n" +
+	"\asuccess\x18\x06 \x01(\tR\asuccess\x12\x1d\n" +
+	"\n" +
+	"allow_http\x18\a \x01(\bR\tallowHttp\x12\x1c\n" +
+	"\tallowlist\x18\b \x03(\tR\tallowlist\x12\x16\n" +
+	"\x06secret\x18\t \x01(\tR\x06secret\x12\x1d\n" +
+	"\n" +
+	"has_secret\x18\n" +
+	" \x01(\bR\thasSecret\x12-\n" +
+	"\x12secret_fingerprint\x18\v \x01(\tR\x11secretFingerprint\x12,\n" +
+	"\x12max_response_bytes\x18\f \x01(\rR\x10maxResponseBytes\x1a:\n" +
+	"\fHeadersEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb6\x01\n" +
 	"\x05Queue\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x14\n" +
 	"\x05queue\x18\x02 \x01(\tR\x05queue\x124\n" +
@@ -2335,7 +2513,7 @@ func file_delayq_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_delayq_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_delayq_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
+var file_delayq_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_delayq_v1_admin_proto_goTypes = []any{
 	(TokenRole)(0),                     // 0: delayq.v1.TokenRole
 	(*TokenInfo)(nil),                  // 1: delayq.v1.TokenInfo
@@ -2346,109 +2524,114 @@ var file_delayq_v1_admin_proto_goTypes = []any{
 	(*RevokeTokenRequest)(nil),         // 6: delayq.v1.RevokeTokenRequest
 	(*RevokeTokenResponse)(nil),        // 7: delayq.v1.RevokeTokenResponse
 	(*QueueSettings)(nil),              // 8: delayq.v1.QueueSettings
-	(*Queue)(nil),                      // 9: delayq.v1.Queue
-	(*ListQueuesRequest)(nil),          // 10: delayq.v1.ListQueuesRequest
-	(*ListQueuesResponse)(nil),         // 11: delayq.v1.ListQueuesResponse
-	(*CreateQueueRequest)(nil),         // 12: delayq.v1.CreateQueueRequest
-	(*CreateQueueResponse)(nil),        // 13: delayq.v1.CreateQueueResponse
-	(*GetQueueRequest)(nil),            // 14: delayq.v1.GetQueueRequest
-	(*GetQueueResponse)(nil),           // 15: delayq.v1.GetQueueResponse
-	(*UpdateQueueRequest)(nil),         // 16: delayq.v1.UpdateQueueRequest
-	(*UpdateQueueResponse)(nil),        // 17: delayq.v1.UpdateQueueResponse
-	(*DeleteQueueRequest)(nil),         // 18: delayq.v1.DeleteQueueRequest
-	(*DeleteQueueResponse)(nil),        // 19: delayq.v1.DeleteQueueResponse
-	(*PauseQueueRequest)(nil),          // 20: delayq.v1.PauseQueueRequest
-	(*PauseQueueResponse)(nil),         // 21: delayq.v1.PauseQueueResponse
-	(*ResumeQueueRequest)(nil),         // 22: delayq.v1.ResumeQueueRequest
-	(*ResumeQueueResponse)(nil),        // 23: delayq.v1.ResumeQueueResponse
-	(*PurgeQueueRequest)(nil),          // 24: delayq.v1.PurgeQueueRequest
-	(*PurgeQueueResponse)(nil),         // 25: delayq.v1.PurgeQueueResponse
-	(*ListJobsRequest)(nil),            // 26: delayq.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),           // 27: delayq.v1.ListJobsResponse
-	(*RescheduleJobRequest)(nil),       // 28: delayq.v1.RescheduleJobRequest
-	(*RescheduleJobResponse)(nil),      // 29: delayq.v1.RescheduleJobResponse
-	(*UpdateJobRequest)(nil),           // 30: delayq.v1.UpdateJobRequest
-	(*UpdateJobResponse)(nil),          // 31: delayq.v1.UpdateJobResponse
-	(*RedriveDeadLettersRequest)(nil),  // 32: delayq.v1.RedriveDeadLettersRequest
-	(*RedriveDeadLettersResponse)(nil), // 33: delayq.v1.RedriveDeadLettersResponse
-	nil,                                // 34: delayq.v1.UpdateJobRequest.HeadersEntry
-	(*timestamppb.Timestamp)(nil),      // 35: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),        // 36: google.protobuf.Duration
-	(*RetryPolicy)(nil),                // 37: delayq.v1.RetryPolicy
-	(*QueueStats)(nil),                 // 38: delayq.v1.QueueStats
-	(*fieldmaskpb.FieldMask)(nil),      // 39: google.protobuf.FieldMask
-	(JobState)(0),                      // 40: delayq.v1.JobState
-	(*Job)(nil),                        // 41: delayq.v1.Job
+	(*PushTarget)(nil),                 // 9: delayq.v1.PushTarget
+	(*Queue)(nil),                      // 10: delayq.v1.Queue
+	(*ListQueuesRequest)(nil),          // 11: delayq.v1.ListQueuesRequest
+	(*ListQueuesResponse)(nil),         // 12: delayq.v1.ListQueuesResponse
+	(*CreateQueueRequest)(nil),         // 13: delayq.v1.CreateQueueRequest
+	(*CreateQueueResponse)(nil),        // 14: delayq.v1.CreateQueueResponse
+	(*GetQueueRequest)(nil),            // 15: delayq.v1.GetQueueRequest
+	(*GetQueueResponse)(nil),           // 16: delayq.v1.GetQueueResponse
+	(*UpdateQueueRequest)(nil),         // 17: delayq.v1.UpdateQueueRequest
+	(*UpdateQueueResponse)(nil),        // 18: delayq.v1.UpdateQueueResponse
+	(*DeleteQueueRequest)(nil),         // 19: delayq.v1.DeleteQueueRequest
+	(*DeleteQueueResponse)(nil),        // 20: delayq.v1.DeleteQueueResponse
+	(*PauseQueueRequest)(nil),          // 21: delayq.v1.PauseQueueRequest
+	(*PauseQueueResponse)(nil),         // 22: delayq.v1.PauseQueueResponse
+	(*ResumeQueueRequest)(nil),         // 23: delayq.v1.ResumeQueueRequest
+	(*ResumeQueueResponse)(nil),        // 24: delayq.v1.ResumeQueueResponse
+	(*PurgeQueueRequest)(nil),          // 25: delayq.v1.PurgeQueueRequest
+	(*PurgeQueueResponse)(nil),         // 26: delayq.v1.PurgeQueueResponse
+	(*ListJobsRequest)(nil),            // 27: delayq.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),           // 28: delayq.v1.ListJobsResponse
+	(*RescheduleJobRequest)(nil),       // 29: delayq.v1.RescheduleJobRequest
+	(*RescheduleJobResponse)(nil),      // 30: delayq.v1.RescheduleJobResponse
+	(*UpdateJobRequest)(nil),           // 31: delayq.v1.UpdateJobRequest
+	(*UpdateJobResponse)(nil),          // 32: delayq.v1.UpdateJobResponse
+	(*RedriveDeadLettersRequest)(nil),  // 33: delayq.v1.RedriveDeadLettersRequest
+	(*RedriveDeadLettersResponse)(nil), // 34: delayq.v1.RedriveDeadLettersResponse
+	nil,                                // 35: delayq.v1.PushTarget.HeadersEntry
+	nil,                                // 36: delayq.v1.UpdateJobRequest.HeadersEntry
+	(*timestamppb.Timestamp)(nil),      // 37: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),        // 38: google.protobuf.Duration
+	(*RetryPolicy)(nil),                // 39: delayq.v1.RetryPolicy
+	(*QueueStats)(nil),                 // 40: delayq.v1.QueueStats
+	(*fieldmaskpb.FieldMask)(nil),      // 41: google.protobuf.FieldMask
+	(JobState)(0),                      // 42: delayq.v1.JobState
+	(*Job)(nil),                        // 43: delayq.v1.Job
 }
 var file_delayq_v1_admin_proto_depIdxs = []int32{
 	0,  // 0: delayq.v1.TokenInfo.roles:type_name -> delayq.v1.TokenRole
-	35, // 1: delayq.v1.TokenInfo.create_time:type_name -> google.protobuf.Timestamp
-	35, // 2: delayq.v1.TokenInfo.expire_time:type_name -> google.protobuf.Timestamp
+	37, // 1: delayq.v1.TokenInfo.create_time:type_name -> google.protobuf.Timestamp
+	37, // 2: delayq.v1.TokenInfo.expire_time:type_name -> google.protobuf.Timestamp
 	0,  // 3: delayq.v1.CreateTokenRequest.roles:type_name -> delayq.v1.TokenRole
-	36, // 4: delayq.v1.CreateTokenRequest.ttl:type_name -> google.protobuf.Duration
+	38, // 4: delayq.v1.CreateTokenRequest.ttl:type_name -> google.protobuf.Duration
 	1,  // 5: delayq.v1.CreateTokenResponse.info:type_name -> delayq.v1.TokenInfo
 	1,  // 6: delayq.v1.ListTokensResponse.tokens:type_name -> delayq.v1.TokenInfo
-	36, // 7: delayq.v1.QueueSettings.default_lease:type_name -> google.protobuf.Duration
-	37, // 8: delayq.v1.QueueSettings.retry:type_name -> delayq.v1.RetryPolicy
-	36, // 9: delayq.v1.QueueSettings.completed_retention:type_name -> google.protobuf.Duration
-	36, // 10: delayq.v1.QueueSettings.dead_retention:type_name -> google.protobuf.Duration
-	8,  // 11: delayq.v1.Queue.settings:type_name -> delayq.v1.QueueSettings
-	38, // 12: delayq.v1.Queue.stats:type_name -> delayq.v1.QueueStats
-	9,  // 13: delayq.v1.ListQueuesResponse.queues:type_name -> delayq.v1.Queue
-	8,  // 14: delayq.v1.CreateQueueRequest.settings:type_name -> delayq.v1.QueueSettings
-	9,  // 15: delayq.v1.CreateQueueResponse.queue:type_name -> delayq.v1.Queue
-	9,  // 16: delayq.v1.GetQueueResponse.queue:type_name -> delayq.v1.Queue
-	8,  // 17: delayq.v1.UpdateQueueRequest.settings:type_name -> delayq.v1.QueueSettings
-	39, // 18: delayq.v1.UpdateQueueRequest.update_mask:type_name -> google.protobuf.FieldMask
-	9,  // 19: delayq.v1.UpdateQueueResponse.queue:type_name -> delayq.v1.Queue
-	9,  // 20: delayq.v1.PauseQueueResponse.queue:type_name -> delayq.v1.Queue
-	9,  // 21: delayq.v1.ResumeQueueResponse.queue:type_name -> delayq.v1.Queue
-	40, // 22: delayq.v1.PurgeQueueRequest.state:type_name -> delayq.v1.JobState
-	40, // 23: delayq.v1.ListJobsRequest.state:type_name -> delayq.v1.JobState
-	35, // 24: delayq.v1.ListJobsRequest.from_time:type_name -> google.protobuf.Timestamp
-	35, // 25: delayq.v1.ListJobsRequest.to_time:type_name -> google.protobuf.Timestamp
-	41, // 26: delayq.v1.ListJobsResponse.jobs:type_name -> delayq.v1.Job
-	36, // 27: delayq.v1.RescheduleJobRequest.delay:type_name -> google.protobuf.Duration
-	35, // 28: delayq.v1.RescheduleJobRequest.due_time:type_name -> google.protobuf.Timestamp
-	41, // 29: delayq.v1.RescheduleJobResponse.job:type_name -> delayq.v1.Job
-	34, // 30: delayq.v1.UpdateJobRequest.headers:type_name -> delayq.v1.UpdateJobRequest.HeadersEntry
-	39, // 31: delayq.v1.UpdateJobRequest.update_mask:type_name -> google.protobuf.FieldMask
-	41, // 32: delayq.v1.UpdateJobResponse.job:type_name -> delayq.v1.Job
-	2,  // 33: delayq.v1.AdminService.CreateToken:input_type -> delayq.v1.CreateTokenRequest
-	4,  // 34: delayq.v1.AdminService.ListTokens:input_type -> delayq.v1.ListTokensRequest
-	6,  // 35: delayq.v1.AdminService.RevokeToken:input_type -> delayq.v1.RevokeTokenRequest
-	10, // 36: delayq.v1.AdminService.ListQueues:input_type -> delayq.v1.ListQueuesRequest
-	12, // 37: delayq.v1.AdminService.CreateQueue:input_type -> delayq.v1.CreateQueueRequest
-	14, // 38: delayq.v1.AdminService.GetQueue:input_type -> delayq.v1.GetQueueRequest
-	16, // 39: delayq.v1.AdminService.UpdateQueue:input_type -> delayq.v1.UpdateQueueRequest
-	18, // 40: delayq.v1.AdminService.DeleteQueue:input_type -> delayq.v1.DeleteQueueRequest
-	20, // 41: delayq.v1.AdminService.PauseQueue:input_type -> delayq.v1.PauseQueueRequest
-	22, // 42: delayq.v1.AdminService.ResumeQueue:input_type -> delayq.v1.ResumeQueueRequest
-	24, // 43: delayq.v1.AdminService.PurgeQueue:input_type -> delayq.v1.PurgeQueueRequest
-	26, // 44: delayq.v1.AdminService.ListJobs:input_type -> delayq.v1.ListJobsRequest
-	28, // 45: delayq.v1.AdminService.RescheduleJob:input_type -> delayq.v1.RescheduleJobRequest
-	30, // 46: delayq.v1.AdminService.UpdateJob:input_type -> delayq.v1.UpdateJobRequest
-	32, // 47: delayq.v1.AdminService.RedriveDeadLetters:input_type -> delayq.v1.RedriveDeadLettersRequest
-	3,  // 48: delayq.v1.AdminService.CreateToken:output_type -> delayq.v1.CreateTokenResponse
-	5,  // 49: delayq.v1.AdminService.ListTokens:output_type -> delayq.v1.ListTokensResponse
-	7,  // 50: delayq.v1.AdminService.RevokeToken:output_type -> delayq.v1.RevokeTokenResponse
-	11, // 51: delayq.v1.AdminService.ListQueues:output_type -> delayq.v1.ListQueuesResponse
-	13, // 52: delayq.v1.AdminService.CreateQueue:output_type -> delayq.v1.CreateQueueResponse
-	15, // 53: delayq.v1.AdminService.GetQueue:output_type -> delayq.v1.GetQueueResponse
-	17, // 54: delayq.v1.AdminService.UpdateQueue:output_type -> delayq.v1.UpdateQueueResponse
-	19, // 55: delayq.v1.AdminService.DeleteQueue:output_type -> delayq.v1.DeleteQueueResponse
-	21, // 56: delayq.v1.AdminService.PauseQueue:output_type -> delayq.v1.PauseQueueResponse
-	23, // 57: delayq.v1.AdminService.ResumeQueue:output_type -> delayq.v1.ResumeQueueResponse
-	25, // 58: delayq.v1.AdminService.PurgeQueue:output_type -> delayq.v1.PurgeQueueResponse
-	27, // 59: delayq.v1.AdminService.ListJobs:output_type -> delayq.v1.ListJobsResponse
-	29, // 60: delayq.v1.AdminService.RescheduleJob:output_type -> delayq.v1.RescheduleJobResponse
-	31, // 61: delayq.v1.AdminService.UpdateJob:output_type -> delayq.v1.UpdateJobResponse
-	33, // 62: delayq.v1.AdminService.RedriveDeadLetters:output_type -> delayq.v1.RedriveDeadLettersResponse
-	48, // [48:63] is the sub-list for method output_type
-	33, // [33:48] is the sub-list for method input_type
-	33, // [33:33] is the sub-list for extension type_name
-	33, // [33:33] is the sub-list for extension extendee
-	0,  // [0:33] is the sub-list for field type_name
+	38, // 7: delayq.v1.QueueSettings.default_lease:type_name -> google.protobuf.Duration
+	39, // 8: delayq.v1.QueueSettings.retry:type_name -> delayq.v1.RetryPolicy
+	38, // 9: delayq.v1.QueueSettings.completed_retention:type_name -> google.protobuf.Duration
+	38, // 10: delayq.v1.QueueSettings.dead_retention:type_name -> google.protobuf.Duration
+	9,  // 11: delayq.v1.QueueSettings.push:type_name -> delayq.v1.PushTarget
+	35, // 12: delayq.v1.PushTarget.headers:type_name -> delayq.v1.PushTarget.HeadersEntry
+	38, // 13: delayq.v1.PushTarget.timeout:type_name -> google.protobuf.Duration
+	8,  // 14: delayq.v1.Queue.settings:type_name -> delayq.v1.QueueSettings
+	40, // 15: delayq.v1.Queue.stats:type_name -> delayq.v1.QueueStats
+	10, // 16: delayq.v1.ListQueuesResponse.queues:type_name -> delayq.v1.Queue
+	8,  // 17: delayq.v1.CreateQueueRequest.settings:type_name -> delayq.v1.QueueSettings
+	10, // 18: delayq.v1.CreateQueueResponse.queue:type_name -> delayq.v1.Queue
+	10, // 19: delayq.v1.GetQueueResponse.queue:type_name -> delayq.v1.Queue
+	8,  // 20: delayq.v1.UpdateQueueRequest.settings:type_name -> delayq.v1.QueueSettings
+	41, // 21: delayq.v1.UpdateQueueRequest.update_mask:type_name -> google.protobuf.FieldMask
+	10, // 22: delayq.v1.UpdateQueueResponse.queue:type_name -> delayq.v1.Queue
+	10, // 23: delayq.v1.PauseQueueResponse.queue:type_name -> delayq.v1.Queue
+	10, // 24: delayq.v1.ResumeQueueResponse.queue:type_name -> delayq.v1.Queue
+	42, // 25: delayq.v1.PurgeQueueRequest.state:type_name -> delayq.v1.JobState
+	42, // 26: delayq.v1.ListJobsRequest.state:type_name -> delayq.v1.JobState
+	37, // 27: delayq.v1.ListJobsRequest.from_time:type_name -> google.protobuf.Timestamp
+	37, // 28: delayq.v1.ListJobsRequest.to_time:type_name -> google.protobuf.Timestamp
+	43, // 29: delayq.v1.ListJobsResponse.jobs:type_name -> delayq.v1.Job
+	38, // 30: delayq.v1.RescheduleJobRequest.delay:type_name -> google.protobuf.Duration
+	37, // 31: delayq.v1.RescheduleJobRequest.due_time:type_name -> google.protobuf.Timestamp
+	43, // 32: delayq.v1.RescheduleJobResponse.job:type_name -> delayq.v1.Job
+	36, // 33: delayq.v1.UpdateJobRequest.headers:type_name -> delayq.v1.UpdateJobRequest.HeadersEntry
+	41, // 34: delayq.v1.UpdateJobRequest.update_mask:type_name -> google.protobuf.FieldMask
+	43, // 35: delayq.v1.UpdateJobResponse.job:type_name -> delayq.v1.Job
+	2,  // 36: delayq.v1.AdminService.CreateToken:input_type -> delayq.v1.CreateTokenRequest
+	4,  // 37: delayq.v1.AdminService.ListTokens:input_type -> delayq.v1.ListTokensRequest
+	6,  // 38: delayq.v1.AdminService.RevokeToken:input_type -> delayq.v1.RevokeTokenRequest
+	11, // 39: delayq.v1.AdminService.ListQueues:input_type -> delayq.v1.ListQueuesRequest
+	13, // 40: delayq.v1.AdminService.CreateQueue:input_type -> delayq.v1.CreateQueueRequest
+	15, // 41: delayq.v1.AdminService.GetQueue:input_type -> delayq.v1.GetQueueRequest
+	17, // 42: delayq.v1.AdminService.UpdateQueue:input_type -> delayq.v1.UpdateQueueRequest
+	19, // 43: delayq.v1.AdminService.DeleteQueue:input_type -> delayq.v1.DeleteQueueRequest
+	21, // 44: delayq.v1.AdminService.PauseQueue:input_type -> delayq.v1.PauseQueueRequest
+	23, // 45: delayq.v1.AdminService.ResumeQueue:input_type -> delayq.v1.ResumeQueueRequest
+	25, // 46: delayq.v1.AdminService.PurgeQueue:input_type -> delayq.v1.PurgeQueueRequest
+	27, // 47: delayq.v1.AdminService.ListJobs:input_type -> delayq.v1.ListJobsRequest
+	29, // 48: delayq.v1.AdminService.RescheduleJob:input_type -> delayq.v1.RescheduleJobRequest
+	31, // 49: delayq.v1.AdminService.UpdateJob:input_type -> delayq.v1.UpdateJobRequest
+	33, // 50: delayq.v1.AdminService.RedriveDeadLetters:input_type -> delayq.v1.RedriveDeadLettersRequest
+	3,  // 51: delayq.v1.AdminService.CreateToken:output_type -> delayq.v1.CreateTokenResponse
+	5,  // 52: delayq.v1.AdminService.ListTokens:output_type -> delayq.v1.ListTokensResponse
+	7,  // 53: delayq.v1.AdminService.RevokeToken:output_type -> delayq.v1.RevokeTokenResponse
+	12, // 54: delayq.v1.AdminService.ListQueues:output_type -> delayq.v1.ListQueuesResponse
+	14, // 55: delayq.v1.AdminService.CreateQueue:output_type -> delayq.v1.CreateQueueResponse
+	16, // 56: delayq.v1.AdminService.GetQueue:output_type -> delayq.v1.GetQueueResponse
+	18, // 57: delayq.v1.AdminService.UpdateQueue:output_type -> delayq.v1.UpdateQueueResponse
+	20, // 58: delayq.v1.AdminService.DeleteQueue:output_type -> delayq.v1.DeleteQueueResponse
+	22, // 59: delayq.v1.AdminService.PauseQueue:output_type -> delayq.v1.PauseQueueResponse
+	24, // 60: delayq.v1.AdminService.ResumeQueue:output_type -> delayq.v1.ResumeQueueResponse
+	26, // 61: delayq.v1.AdminService.PurgeQueue:output_type -> delayq.v1.PurgeQueueResponse
+	28, // 62: delayq.v1.AdminService.ListJobs:output_type -> delayq.v1.ListJobsResponse
+	30, // 63: delayq.v1.AdminService.RescheduleJob:output_type -> delayq.v1.RescheduleJobResponse
+	32, // 64: delayq.v1.AdminService.UpdateJob:output_type -> delayq.v1.UpdateJobResponse
+	34, // 65: delayq.v1.AdminService.RedriveDeadLetters:output_type -> delayq.v1.RedriveDeadLettersResponse
+	51, // [51:66] is the sub-list for method output_type
+	36, // [36:51] is the sub-list for method input_type
+	36, // [36:36] is the sub-list for extension type_name
+	36, // [36:36] is the sub-list for extension extendee
+	0,  // [0:36] is the sub-list for field type_name
 }
 
 func init() { file_delayq_v1_admin_proto_init() }
@@ -2457,7 +2640,7 @@ func file_delayq_v1_admin_proto_init() {
 		return
 	}
 	file_delayq_v1_job_proto_init()
-	file_delayq_v1_admin_proto_msgTypes[27].OneofWrappers = []any{
+	file_delayq_v1_admin_proto_msgTypes[28].OneofWrappers = []any{
 		(*RescheduleJobRequest_Delay)(nil),
 		(*RescheduleJobRequest_DueTime)(nil),
 	}
@@ -2467,7 +2650,7 @@ func file_delayq_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_delayq_v1_admin_proto_rawDesc), len(file_delayq_v1_admin_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   34,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -16,7 +16,14 @@ from delayq.models import Job, JobState, QueueStats, RetryPolicy
 from delayq.serializers import JsonSerializer
 from delayq.v1 import admin_pb2
 
-__all__ = ["PurgeStep", "QueueAdminMixin", "QueueInfo", "QueueSettings", "RedriveStep"]
+__all__ = [
+    "PurgeStep",
+    "PushTarget",
+    "QueueAdminMixin",
+    "QueueInfo",
+    "QueueSettings",
+    "RedriveStep",
+]
 
 #: UpdateQueue's field names, as `update_queue` takes them.
 SETTING_NAMES = (
@@ -26,7 +33,62 @@ SETTING_NAMES = (
     "completed_retention",
     "dead_retention",
     "dead_max_jobs",
+    "push",
 )
+
+
+@dataclass(frozen=True)
+class PushTarget:
+    """Where the server pushes the queue's due jobs (README "Push delivery").
+
+    ``secret`` is write-only: the server never returns it (``has_secret`` and
+    ``secret_fingerprint`` tell it apart); empty in an update keeps the current one.
+    """
+
+    url: str
+    secret: str = ""
+    method: str = ""
+    headers: Mapping[str, str] | None = None
+    timeout: timedelta | None = None
+    concurrency: int = 0
+    success: str = ""
+    allow_http: bool = False
+    allowlist: Sequence[str] = ()
+    max_response_bytes: int = 0
+    has_secret: bool = False
+    secret_fingerprint: str = ""
+
+    def to_proto(self) -> admin_pb2.PushTarget:
+        m = admin_pb2.PushTarget(
+            url=self.url,
+            secret=self.secret,
+            method=self.method,
+            headers=dict(self.headers or {}),
+            concurrency=self.concurrency,
+            success=self.success,
+            allow_http=self.allow_http,
+            allowlist=list(self.allowlist),
+            max_response_bytes=self.max_response_bytes,
+        )
+        if self.timeout is not None:
+            m.timeout.CopyFrom(_convert.to_duration(self.timeout))
+        return m
+
+    @classmethod
+    def from_proto(cls, m: admin_pb2.PushTarget) -> PushTarget:
+        return cls(
+            url=m.url,
+            method=m.method,
+            headers=dict(m.headers),
+            timeout=_convert.from_duration(m.timeout) if m.HasField("timeout") else None,
+            concurrency=m.concurrency,
+            success=m.success,
+            allow_http=m.allow_http,
+            allowlist=tuple(m.allowlist),
+            max_response_bytes=m.max_response_bytes,
+            has_secret=m.has_secret,
+            secret_fingerprint=m.secret_fingerprint,
+        )
 
 
 @dataclass(frozen=True)
@@ -40,6 +102,7 @@ class QueueSettings:
     completed_retention: timedelta | None = None
     dead_retention: timedelta | None = None
     dead_max_jobs: int = 0
+    push: PushTarget | None = None
 
     def to_proto(self) -> admin_pb2.QueueSettings:
         m = admin_pb2.QueueSettings(
@@ -53,6 +116,8 @@ class QueueSettings:
             m.completed_retention.CopyFrom(_convert.to_duration(self.completed_retention))
         if self.dead_retention is not None:
             m.dead_retention.CopyFrom(_convert.to_duration(self.dead_retention))
+        if self.push is not None:
+            m.push.CopyFrom(self.push.to_proto())
         return m
 
     @classmethod
@@ -68,6 +133,7 @@ class QueueSettings:
             completed_retention=dur("completed_retention"),
             dead_retention=dur("dead_retention"),
             dead_max_jobs=m.dead_max_jobs,
+            push=PushTarget.from_proto(m.push) if m.HasField("push") else None,
         )
 
 

@@ -12,7 +12,7 @@ from typing import Any, TextIO
 from delayq._convert import parse_duration_text
 from delayq._progress import Progress
 from delayq.admin import AdminClient
-from delayq.admin_queues import SETTING_NAMES, QueueInfo, QueueSettings, state_of
+from delayq.admin_queues import SETTING_NAMES, PushTarget, QueueInfo, QueueSettings, state_of
 from delayq.models import JobState, RetryPolicy
 
 __all__ = ["add_parsers", "confirm", "redrive_all", "run"]
@@ -46,6 +46,18 @@ def _settings_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--completed-retention", type=parse_duration_text, help="e.g. 1h")
     p.add_argument("--dead-retention", type=parse_duration_text, help="e.g. 7d")
     p.add_argument("--dead-max", type=int, help="most dead jobs kept")
+    # The push target (README "Push delivery"): any --push-* flag sets the whole target.
+    p.add_argument("--push-url", help="push due jobs to this https:// URL")
+    p.add_argument("--push-secret-file", help="file holding the HMAC key (kept if not given)")
+    p.add_argument("--push-method", help="POST (default), PUT or PATCH")
+    p.add_argument("--push-header", action="append", metavar="K=V", help="static header")
+    p.add_argument("--push-timeout", type=parse_duration_text, help="request timeout, e.g. 10s")
+    p.add_argument("--push-concurrency", type=int, help="requests in flight")
+    p.add_argument("--push-success", choices=("2xx", "later"), help="what counts as success")
+    p.add_argument("--push-allow-http", action="store_true", help="allow an http:// URL")
+    p.add_argument(
+        "--push-allow", action="append", metavar="HOST|CIDR", help="allowlist a private address"
+    )
 
 
 def _confirm_flags(p: argparse.ArgumentParser) -> None:
@@ -135,6 +147,9 @@ def _settings(args: argparse.Namespace) -> tuple[QueueSettings, list[str]]:
         "dead_max_jobs": args.dead_max,
     }
     fields += [k for k, v in named.items() if v is not None]
+    push = _push(args)
+    if push is not None:
+        fields.append("push")
     settings = QueueSettings(
         shards=getattr(args, "shards", 0),
         default_lease=args.lease,
@@ -143,8 +158,42 @@ def _settings(args: argparse.Namespace) -> tuple[QueueSettings, list[str]]:
         completed_retention=args.completed_retention,
         dead_retention=args.dead_retention,
         dead_max_jobs=args.dead_max or 0,
+        push=push,
     )
     return settings, fields
+
+
+def _push(args: argparse.Namespace) -> PushTarget | None:
+    """The push target from the --push-* flags; None when none is given."""
+    flags = (
+        args.push_url, args.push_secret_file, args.push_method, args.push_header,
+        args.push_timeout, args.push_concurrency, args.push_success, args.push_allow,
+    )  # fmt: skip
+    if all(v is None for v in flags) and not args.push_allow_http:
+        return None
+    if not args.push_url:
+        raise Refused("--push-url: a push target needs its URL (the flags set the whole target)")
+    secret = ""
+    if args.push_secret_file:
+        with open(args.push_secret_file, encoding="utf-8") as f:
+            secret = f.read().strip()
+    headers = {}
+    for kv in args.push_header or []:
+        key, sep, value = kv.partition("=")
+        if not sep:
+            raise Refused(f"--push-header {kv!r}: want NAME=VALUE")
+        headers[key] = value
+    return PushTarget(
+        url=args.push_url,
+        secret=secret,
+        method=args.push_method or "",
+        headers=headers,
+        timeout=args.push_timeout,
+        concurrency=args.push_concurrency or 0,
+        success=args.push_success or "",
+        allow_http=args.push_allow_http,
+        allowlist=tuple(args.push_allow or ()),
+    )
 
 
 def confirm(args: argparse.Namespace, err: TextIO, question: str) -> None:
@@ -186,6 +235,20 @@ def _queue_json(q: QueueInfo) -> dict[str, Any]:
             else None,
             "dead_retention_s": s.dead_retention.total_seconds() if s.dead_retention else None,
             "dead_max_jobs": s.dead_max_jobs or None,
+            "push": None
+            if s.push is None
+            else {
+                "url": s.push.url,
+                "method": s.push.method,
+                "headers": dict(s.push.headers or {}),
+                "timeout_s": s.push.timeout.total_seconds() if s.push.timeout else None,
+                "concurrency": s.push.concurrency,
+                "success": s.push.success,
+                "allow_http": s.push.allow_http,
+                "allowlist": list(s.push.allowlist),
+                "has_secret": s.push.has_secret,
+                "secret_fingerprint": s.push.secret_fingerprint,
+            },
         },
         "counts": {
             "scheduled": q.stats.scheduled,

@@ -12,6 +12,7 @@ from delayq_server.admin.common import (
     queue_name,
     readable,
 )
+from delayq_server.admin.push_target import push_in, push_out
 from delayq_server.errors import FailedPrecondition, InvalidArgument
 from delayq_server.store import ShardKeys
 from delayq_server.store.jobs_admin import PURGE_LIMIT
@@ -21,6 +22,7 @@ from delayq_server.store.queues import (
     F_DEAD_AGE,
     F_DEAD_MAX,
     F_LEASE,
+    F_PUSH,
     F_RETRY,
     QueueSettings,
     Retry,
@@ -46,11 +48,21 @@ MASK_FIELDS = {
     "completed_retention": F_COMPLETED,
     "dead_retention": F_DEAD_AGE,
     "dead_max_jobs": F_DEAD_MAX,
+    "push": F_PUSH,
 }
 
 
-def settings_in(deps: Deps, m: admin_pb2.QueueSettings, *, shards: int) -> QueueSettings:
-    """Validates settings from a request; field names as the caller wrote them."""
+def settings_in(
+    deps: Deps,
+    m: admin_pb2.QueueSettings,
+    *,
+    shards: int,
+    queue: tuple[str, str],
+    current_push: str | None = None,
+) -> QueueSettings:
+    """Validates settings from a request; field names as the caller wrote them.
+    ``current_push`` is the queue's stored target (its secret is kept when the
+    request gives none)."""
     p = "settings."
     lease = 0
     if m.HasField("default_lease"):
@@ -79,6 +91,7 @@ def settings_in(deps: Deps, m: admin_pb2.QueueSettings, *, shards: int) -> Queue
         )
     if m.dead_max_jobs > MAX_DEAD_JOBS:
         raise InvalidArgument(p + "dead_max_jobs", f"must be 0 (no limit) to {MAX_DEAD_JOBS}")
+    push = push_in(*queue, m.push, current_push) if m.HasField("push") else None
     return QueueSettings(
         shards=shards,
         lease_ms=lease,
@@ -87,6 +100,7 @@ def settings_in(deps: Deps, m: admin_pb2.QueueSettings, *, shards: int) -> Queue
         completed_retention_ms=completed,
         dead_retention_ms=dead_age,
         dead_max_jobs=m.dead_max_jobs,
+        push=push,
     )
 
 
@@ -105,6 +119,8 @@ def settings_out(s: QueueSettings) -> admin_pb2.QueueSettings:
         out.completed_retention.CopyFrom(convert.dur(s.completed_retention_ms))
     if s.dead_retention_ms:
         out.dead_retention.CopyFrom(convert.dur(s.dead_retention_ms))
+    if s.push is not None:
+        out.push.CopyFrom(push_out(s.push))
     return out
 
 
@@ -195,7 +211,7 @@ class QueueOps:
         shards = req.settings.shards or self.d.cfg.shards_per_queue
         if not 1 <= shards <= 1024:
             raise InvalidArgument("settings.shards", "must be 1 to 1024 (0 = server default)")
-        settings = settings_in(self.d, req.settings, shards=shards)
+        settings = settings_in(self.d, req.settings, shards=shards, queue=(ns, q))
         if await self.d.store.shard_count(ns, q, create=False):
             raise AlreadyExists(f"queue: {ns}/{q} exists; change it with UpdateQueue")
         if self.d.quotas is not None:
@@ -229,7 +245,10 @@ class QueueOps:
                     f"update_mask.paths[{i}]",
                     f"{path[:80]!r} is not one of {', '.join(MASK_FIELDS)}",
                 )
-        new = settings_in(self.d, req.settings, shards=0).fields()
+        current = await self.d.store.queues.push_target(ns, q) if "push" in paths else None
+        new = settings_in(
+            self.d, req.settings, shards=0, queue=(ns, q), current_push=current
+        ).fields()
         shards = await existing_shards(self.d, ns, q)
         await self.d.store.queues.update(
             ns, q, {MASK_FIELDS[p]: new.get(MASK_FIELDS[p]) for p in paths}

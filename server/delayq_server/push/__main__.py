@@ -25,7 +25,7 @@ log = logging.getLogger("delayq.pusher")
 STOP_TIMEOUT_S = 15.0
 
 
-async def run(cfg: config.Config, targets: push_config.PushConfig, redis_url: str) -> None:
+async def run(cfg: config.Config, targets: push_config.PushConfig | None, redis_url: str) -> None:
     """The server's store, dispatcher, timers and pub/sub listener, without the gRPC port:
     a replica that only pushes (its timers promote and reap like any replica's)."""
     server_id = os.urandom(4).hex()
@@ -57,6 +57,7 @@ async def run(cfg: config.Config, targets: push_config.PushConfig, redis_url: st
         # As App._on_queue_event: settings cached by the store (completed retention
         # at ack) follow AdminService changes made through any replica.
         namespace, _, queue = tag.partition("/")
+        pusher.queue_changed(namespace, queue)  # its push target may have changed
         if detail != "deleted":
             store.queues.forget(namespace, queue)
             return
@@ -65,6 +66,7 @@ async def run(cfg: config.Config, targets: push_config.PushConfig, redis_url: st
         background.add(task)
         task.add_done_callback(background.discard)
 
+    pusher = Pusher(targets, store, dispatcher, timers.ensure)
     hub.listen(QUEUE_EVENT, on_queue_event)
 
     listener = events.PubSubListener(
@@ -72,7 +74,7 @@ async def run(cfg: config.Config, targets: push_config.PushConfig, redis_url: st
         hub,
         server_id,
         dispatcher.on_message,
-        on_subscribed=resync.on_resubscribed(store, timers, dispatcher),
+        on_subscribed=resync.on_resubscribed(store, timers, dispatcher, pusher.resubscribed),
     )
     timers.on_known = listener.want
     try:
@@ -91,9 +93,13 @@ async def run(cfg: config.Config, targets: push_config.PushConfig, redis_url: st
     listener.start()
     await asyncio.wait_for(listener.ready.wait(), 10)
     await timers.start()
-    pusher = Pusher(targets, store, dispatcher, timers.ensure)
     pusher.start()
-    print(f"delayq-pusher: pushing {len(targets.targets)} queue(s)", flush=True)
+    named = 0 if targets is None else len(targets.targets)
+    print(
+        f"delayq-pusher: pushing {named} queue(s) of the config file and every queue "
+        "whose settings hold a push target",
+        flush=True,
+    )
     await stop.wait()
     log.info("shutting down")
 
@@ -114,16 +120,15 @@ async def run(cfg: config.Config, targets: push_config.PushConfig, redis_url: st
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Takes the server's flags (the store ones matter: --redis-url, --completed-retention,
-    --bucket-width ...) and needs --redis-url and --push-config."""
+    --bucket-width ...) and needs --redis-url; --push-config is optional."""
     cfg = config.load(list(sys.argv[1:] if argv is None else argv))
     logging.basicConfig(
         level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     if cfg.redis_url is None:
         config.fail("--redis-url: delayq-pusher needs the server's Redis (DELAYQ_REDIS_URL)")
-    if cfg.push_config is None:
-        config.fail("--push-config: delayq-pusher needs a push config (DELAYQ_PUSH_CONFIG)")
-    targets = push_config.load(cfg.push_config)  # checked by config.load already
+    # Without --push-config it pushes the queues whose settings hold a target.
+    targets = None if cfg.push_config is None else push_config.load(cfg.push_config)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(run(cfg, targets, cfg.redis_url))
 

@@ -237,6 +237,16 @@ def _target(where: str, raw: object, base_dir: str) -> Target:
     )
 
 
+def queue_target(namespace: str, queue: str, raw: object, where: str = "push") -> Target:
+    """Checks one queue's target as its admin settings hold it (a file target's
+    object without namespace, queue or secret_file): the file's rules, one set."""
+    if not isinstance(raw, dict):
+        raise PushConfigError(f"{where}: want an object")
+    if "secret_file" in raw:  # a path on the server's disk is not for remote callers
+        raise PushConfigError(f"{where}.secret_file: give the secret itself")
+    return _target(where, {**raw, "namespace": namespace, "queue": queue}, ".")
+
+
 def parse(data: object, base_dir: str = ".") -> PushConfig:
     """Checks a decoded config; ``base_dir`` anchors relative secret_file paths."""
     if not isinstance(data, dict):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Callable
 
@@ -17,6 +18,7 @@ import aiohttp
 
 from delayq_server.dispatcher import Dispatcher
 from delayq_server.ids import LeaseToken
+from delayq_server.push import config as push_config
 from delayq_server.push import sender, ssrf
 from delayq_server.push.acks import AckBatcher
 from delayq_server.push.config import PushConfig, Target
@@ -38,6 +40,9 @@ LEASE_MARGIN_MS = 10_000
 # A delivery that waited this long for a slot (per-host limit) renews its lease first.
 EXTEND_AFTER_S = 1.0
 STOP_WAIT_S = 5.0  # requests under way at stop get this long to finish and settle
+# Queue events reach only replicas that know the queue, so a target set on a queue
+# this process never saw is found by polling the store's push version this often.
+POLL_S = 1.0
 
 
 class _TargetLoop:
@@ -152,23 +157,30 @@ class _TargetLoop:
 
 
 class Pusher:
-    """Every configured push target of this process."""
+    """Every push target of this process: the config file's, fixed, and those of queue
+    settings (AdminService), followed as they change (docs/decisions.md "Push targets
+    in queue settings": the file wins for the queues it names)."""
 
     def __init__(
         self,
-        cfg: PushConfig,
+        cfg: PushConfig | None,
         store: Store,
         dispatcher: Dispatcher,
         ensure_timers: Callable[[str, str, int], None],
     ) -> None:
-        self.cfg = cfg
+        self.cfg = cfg if cfg is not None else PushConfig(())
         self.store = store
         self.dispatcher = dispatcher
         self.ensure_timers = ensure_timers
         self._hosts: dict[str, asyncio.Semaphore] = {}
         self.acks = AckBatcher(store)
-        self._loops = [_TargetLoop(self, t) for t in cfg.targets]
-        self._tasks: list[asyncio.Task[None]] = []
+        self._file = {(t.namespace, t.queue): t for t in self.cfg.targets}
+        self._running: dict[tuple[str, str], tuple[_TargetLoop, asyncio.Task[None]]] = {}
+        self._dirty: set[tuple[str, str]] = set()
+        self._rescan = True  # the first pass reads every queue with a target
+        self._wake = asyncio.Event()
+        self._sync_task: asyncio.Task[None] | None = None
+        self._version = -1  # the store's push version at the last full read
 
     def host_slots(self, host_port: str) -> asyncio.Semaphore:
         """Requests to one host:port over all targets are bounded too."""
@@ -178,13 +190,102 @@ class Pusher:
         return sem
 
     def start(self) -> None:
-        for loop in self._loops:
-            t = loop.target
-            log.info(
-                "pushing %s/%s to %s (concurrency %d)", t.namespace, t.queue, t.url, t.concurrency
-            )
-            task = asyncio.create_task(self._run(loop), name=f"push {t.namespace}/{t.queue}")
-            self._tasks.append(task)
+        for t in self.cfg.targets:
+            self._start_loop(t)
+        self._wake.set()
+        self._sync_task = asyncio.create_task(self._sync_loop(), name="push settings")
+
+    def queue_changed(self, namespace: str, queue: str) -> None:
+        """A queue's settings changed (or it was deleted) through some replica."""
+        self._dirty.add((namespace, queue))
+        self._wake.set()
+
+    def resync(self) -> None:
+        """Change events may have been lost (a pub/sub gap): read every target again."""
+        self._rescan = True
+        self._wake.set()
+
+    def resubscribed(self, tag: str | None) -> None:
+        """The listener's re-subscription hook (resync.py): None is every channel;
+        shard 0's channel carries the queue's events."""
+        if tag is None:
+            self.resync()
+            return
+        namespace, _, rest = tag.partition("/")
+        queue, _, shard = rest.rpartition("/")
+        if shard == "0":
+            self.queue_changed(namespace, queue)
+
+    def targets(self) -> list[Target]:
+        """The targets pushed to now."""
+        return [loop.target for loop, _ in self._running.values()]
+
+    def _start_loop(self, t: Target) -> None:
+        log.info("pushing %s/%s to %s (concurrency %d)", t.namespace, t.queue, t.url, t.concurrency)
+        loop = _TargetLoop(self, t)
+        task = asyncio.create_task(self._run(loop), name=f"push {t.namespace}/{t.queue}")
+        self._running[(t.namespace, t.queue)] = (loop, task)
+
+    async def _stop_loop(self, key: tuple[str, str]) -> None:
+        _, task = self._running.pop(key)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+
+    async def _sync_loop(self) -> None:
+        """Applies setting changes one queue at a time, in the order they came."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), POLL_S)
+            self._wake.clear()
+            keys, self._dirty = self._dirty, set()
+            rescan, self._rescan = self._rescan, False
+            try:
+                version = await self.store.queues.push_version()
+                if version != self._version:
+                    rescan = True
+                if rescan:
+                    keys |= set(await self.store.queues.push_queues()) | set(self._running)
+                for key in sorted(keys):
+                    await self._sync(key)
+                    keys.discard(key)
+                if rescan:
+                    self._version = version
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # Redis trouble: try what is left again
+                log.warning("push: reading queue settings failed: %s; retrying in 1s", exc)
+                self._dirty |= keys
+                self._rescan |= rescan
+                await asyncio.sleep(1.0)
+                self._wake.set()
+
+    async def _sync(self, key: tuple[str, str]) -> None:
+        namespace, queue = key
+        stored = await self.store.queues.push_target(namespace, queue)
+        if key in self._file:
+            if stored is not None:
+                log.warning(
+                    "push %s/%s: the push config file names this queue: its target wins "
+                    "over the queue settings' one",
+                    namespace,
+                    queue,
+                )
+            return
+        target: Target | None = None
+        if stored is not None:
+            try:  # checked by UpdateQueue already; a bad one is not pushed to
+                target = push_config.queue_target(namespace, queue, json.loads(stored))
+            except (ValueError, push_config.PushConfigError) as exc:
+                log.error("push %s/%s: stored target refused: %s", namespace, queue, exc)
+        current = self._running.get(key)
+        if current is not None and current[0].target == target:
+            return
+        if current is not None:
+            log.info("push %s/%s: target changed or cleared; stopping", namespace, queue)
+            await self._stop_loop(key)
+        if target is not None:
+            self._start_loop(target)
 
     async def _run(self, loop: _TargetLoop) -> None:
         """Restarts a target's loop after a failure (Redis down), with a pause."""
@@ -200,9 +301,13 @@ class Pusher:
                 await asyncio.sleep(1.0)
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        tasks = [task for _, task in self._running.values()]
+        if self._sync_task is not None:
+            tasks.append(self._sync_task)
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        self._tasks.clear()
+        self._running.clear()
+        self._sync_task = None

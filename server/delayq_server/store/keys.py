@@ -11,6 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 QUEUES_KEY = "dq:queues"  # SET of "ns/queue" known to any replica
+PUSH_QUEUES_KEY = "dq:push_queues"  # SET of "ns/queue" whose settings hold a push target
+# Bumped at each change of a queue's push target: pushers poll it, since queue events
+# reach only the replicas that know the queue (shard 0's channel).
+PUSH_VERSION_KEY = "dq:push_version"
 REPLICAS_KEY = "dq:replicas"  # ZSET server id -> last heartbeat ms (timer ownership)
 
 

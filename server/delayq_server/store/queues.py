@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from delayq_server.store.keys import (
+    PUSH_QUEUES_KEY,
+    PUSH_VERSION_KEY,
     QUEUES_KEY,
     ShardKeys,
     namespace_queues_key,
@@ -32,9 +34,12 @@ F_RETRY = "retry"  # "initial_ms,max_ms,multiplier,jitter"
 F_COMPLETED = "completed_retention_ms"
 F_DEAD_AGE = "dead_retention_ms"
 F_DEAD_MAX = "dead_max_jobs"
+# The push target as the JSON object of a --push-config target, secret included
+# (Redis holds the HMAC key: docs/decisions.md "Push targets in queue settings").
+F_PUSH = "push"
 F_PAUSED = "paused"
 F_CREATED = "created_ms"
-SETTING_FIELDS = (F_LEASE, F_ATTEMPTS, F_RETRY, F_COMPLETED, F_DEAD_AGE, F_DEAD_MAX)
+SETTING_FIELDS = (F_LEASE, F_ATTEMPTS, F_RETRY, F_COMPLETED, F_DEAD_AGE, F_DEAD_MAX, F_PUSH)
 
 
 def _s(value: Any) -> str:
@@ -70,6 +75,7 @@ class QueueSettings:
     dead_max_jobs: int = 0
     paused: bool = False
     created_ms: int = 0
+    push: str | None = None  # JSON target (push/config.py's format) or no push
 
     def fields(self) -> dict[str, str]:
         """The changeable settings as meta hash fields (defaults left out)."""
@@ -86,6 +92,8 @@ class QueueSettings:
             out[F_DEAD_AGE] = str(self.dead_retention_ms)
         if self.dead_max_jobs:
             out[F_DEAD_MAX] = str(self.dead_max_jobs)
+        if self.push is not None:
+            out[F_PUSH] = self.push
         return out
 
     @classmethod
@@ -101,6 +109,7 @@ class QueueSettings:
             dead_max_jobs=int(meta.get(F_DEAD_MAX, "0")),
             paused=meta.get(F_PAUSED) == "1",
             created_ms=int(meta.get(F_CREATED, "0")),
+            push=meta.get(F_PUSH),
         )
 
 
@@ -169,8 +178,11 @@ class Queues:
         async with self._redis.pipeline(transaction=False) as pipe:
             pipe.hset(meta, mapping=fields)
             pipe.sadd(QUEUES_KEY, f"{namespace}/{queue}")
+            if settings.push is not None:
+                pipe.sadd(PUSH_QUEUES_KEY, f"{namespace}/{queue}")
+                pipe.incr(PUSH_VERSION_KEY)
             await pipe.execute()
-        self.forget(namespace, queue)
+        await self.changed(namespace, queue)  # pushers of every replica read its target
         return True
 
     async def update(self, namespace: str, queue: str, fields: dict[str, str | None]) -> None:
@@ -183,8 +195,28 @@ class Queues:
                 pipe.hset(meta, mapping=sets)
             if dels:
                 pipe.hdel(meta, *dels)
+            if F_PUSH in fields:  # the pushers' index follows the setting
+                if fields[F_PUSH] is None:
+                    pipe.srem(PUSH_QUEUES_KEY, f"{namespace}/{queue}")
+                else:
+                    pipe.sadd(PUSH_QUEUES_KEY, f"{namespace}/{queue}")
+                pipe.incr(PUSH_VERSION_KEY)
             await pipe.execute()
         await self.changed(namespace, queue)
+
+    async def push_queues(self) -> list[tuple[str, str]]:
+        """Queues whose settings hold a push target, as (namespace, queue)."""
+        members = await self._redis.smembers(PUSH_QUEUES_KEY)
+        return [tuple(_s(m).split("/", 1)) for m in sorted(members)]  # type: ignore[misc]
+
+    async def push_version(self) -> int:
+        """Changes of push targets so far (any queue): pushers poll it."""
+        return int(await self._redis.get(PUSH_VERSION_KEY) or 0)
+
+    async def push_target(self, namespace: str, queue: str) -> str | None:
+        """The queue's push target JSON read from Redis now (None: no push)."""
+        raw = await self._redis.hget(queue_meta_key(namespace, queue), F_PUSH)
+        return None if raw is None else _s(raw)
 
     async def set_paused(self, namespace: str, queue: str, shards: int, paused: bool) -> None:
         """Pauses (or resumes) every shard, then records the flag in the meta hash.
@@ -227,6 +259,8 @@ class Queues:
         async with self._redis.pipeline(transaction=False) as pipe:
             pipe.delete(queue_meta_key(namespace, queue))
             pipe.srem(QUEUES_KEY, f"{namespace}/{queue}")
+            pipe.srem(PUSH_QUEUES_KEY, f"{namespace}/{queue}")
+            pipe.incr(PUSH_VERSION_KEY)
             pipe.srem(namespace_queues_key(namespace), queue)
             await pipe.execute()
         self._store.forget_queue(namespace, queue)

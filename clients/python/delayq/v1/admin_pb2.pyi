@@ -273,6 +273,7 @@ class QueueSettings(_message.Message):
     COMPLETED_RETENTION_FIELD_NUMBER: _builtins.int
     DEAD_RETENTION_FIELD_NUMBER: _builtins.int
     DEAD_MAX_JOBS_FIELD_NUMBER: _builtins.int
+    PUSH_FIELD_NUMBER: _builtins.int
     shards: _builtins.int
     """Shards (unit of atomicity and of spreading over a cluster), 1 to 1024.
     Fixed at creation; 0: the server's --shards-per-queue.
@@ -297,6 +298,12 @@ class QueueSettings(_message.Message):
     def dead_retention(self) -> _duration_pb2.Duration:
         """Dead jobs older than this are deleted by the janitor, 1 s to 3660 days."""
 
+    @_builtins.property
+    def push(self) -> Global___PushTarget:
+        """HTTP push target: due jobs are POSTed to it by every pusher (README "Push
+        delivery"). Unset: no push (jobs wait for Consume).
+        """
+
     def __init__(
         self,
         *,
@@ -307,14 +314,111 @@ class QueueSettings(_message.Message):
         completed_retention: _duration_pb2.Duration | None = ...,
         dead_retention: _duration_pb2.Duration | None = ...,
         dead_max_jobs: _builtins.int = ...,
+        push: Global___PushTarget | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["completed_retention", b"completed_retention", "dead_retention", b"dead_retention", "default_lease", b"default_lease", "retry", b"retry"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["completed_retention", b"completed_retention", "dead_retention", b"dead_retention", "default_lease", b"default_lease", "push", b"push", "retry", b"retry"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["completed_retention", b"completed_retention", "dead_max_jobs", b"dead_max_jobs", "dead_retention", b"dead_retention", "default_lease", b"default_lease", "max_attempts", b"max_attempts", "retry", b"retry", "shards", b"shards"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["completed_retention", b"completed_retention", "dead_max_jobs", b"dead_max_jobs", "dead_retention", b"dead_retention", "default_lease", b"default_lease", "max_attempts", b"max_attempts", "push", b"push", "retry", b"retry", "shards", b"shards"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___QueueSettings: _TypeAlias = QueueSettings  # noqa: Y015
+
+@_typing.final
+class PushTarget(_message.Message):
+    """PushTarget is where and how a queue's due jobs are pushed; the same rules as
+    a --push-config file's target. Empty or zero fields take the file's defaults.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class HeadersEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    URL_FIELD_NUMBER: _builtins.int
+    METHOD_FIELD_NUMBER: _builtins.int
+    HEADERS_FIELD_NUMBER: _builtins.int
+    TIMEOUT_FIELD_NUMBER: _builtins.int
+    CONCURRENCY_FIELD_NUMBER: _builtins.int
+    SUCCESS_FIELD_NUMBER: _builtins.int
+    ALLOW_HTTP_FIELD_NUMBER: _builtins.int
+    ALLOWLIST_FIELD_NUMBER: _builtins.int
+    SECRET_FIELD_NUMBER: _builtins.int
+    HAS_SECRET_FIELD_NUMBER: _builtins.int
+    SECRET_FINGERPRINT_FIELD_NUMBER: _builtins.int
+    MAX_RESPONSE_BYTES_FIELD_NUMBER: _builtins.int
+    url: _builtins.str
+    """Absolute https:// URL (http:// only with allow_http)."""
+    method: _builtins.str
+    """POST (default), PUT or PATCH."""
+    concurrency: _builtins.int
+    """Requests in flight for this queue, 1 to 1000; 0: 8."""
+    success: _builtins.str
+    """What counts as success: "2xx" (default) or "later" (2xx with JSON {"code": 100})."""
+    allow_http: _builtins.bool
+    """Allow an http:// URL."""
+    secret: _builtins.str
+    """HMAC key (at least 16 bytes). Write-only: never returned. Empty in an
+    UpdateQueue keeps the queue's current secret.
+    """
+    has_secret: _builtins.bool
+    """Output only: the target has a secret."""
+    secret_fingerprint: _builtins.str
+    """Output only: first 12 hex digits of the secret's SHA-256, to tell secrets apart."""
+    max_response_bytes: _builtins.int
+    """Response bytes read at most, 1 to 1048576; 0: 65536."""
+    @_builtins.property
+    def headers(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Static headers sent with every request (never the ones the pusher sets)."""
+
+    @_builtins.property
+    def timeout(self) -> _duration_pb2.Duration:
+        """Request timeout, 100 ms to 300 s; unset: 10 s."""
+
+    @_builtins.property
+    def allowlist(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Host names, addresses or CIDRs allowed although not public."""
+
+    def __init__(
+        self,
+        *,
+        url: _builtins.str = ...,
+        method: _builtins.str = ...,
+        headers: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        timeout: _duration_pb2.Duration | None = ...,
+        concurrency: _builtins.int = ...,
+        success: _builtins.str = ...,
+        allow_http: _builtins.bool = ...,
+        allowlist: _abc.Iterable[_builtins.str] | None = ...,
+        secret: _builtins.str = ...,
+        has_secret: _builtins.bool = ...,
+        secret_fingerprint: _builtins.str = ...,
+        max_response_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["timeout", b"timeout"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_http", b"allow_http", "allowlist", b"allowlist", "concurrency", b"concurrency", "has_secret", b"has_secret", "headers", b"headers", "max_response_bytes", b"max_response_bytes", "method", b"method", "secret", b"secret", "secret_fingerprint", b"secret_fingerprint", "success", b"success", "timeout", b"timeout", "url", b"url"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PushTarget: _TypeAlias = PushTarget  # noqa: Y015
 
 @_typing.final
 class Queue(_message.Message):
@@ -543,8 +647,8 @@ class UpdateQueueRequest(_message.Message):
     @_builtins.property
     def update_mask(self) -> _field_mask_pb2.FieldMask:
         """QueueSettings fields to change (default_lease, max_attempts, retry,
-        completed_retention, dead_retention, dead_max_jobs); at least one. A named
-        field left unset goes back to the server default.
+        completed_retention, dead_retention, dead_max_jobs, push); at least one. A
+        named field left unset goes back to the server default (push: no push).
         """
 
     def __init__(

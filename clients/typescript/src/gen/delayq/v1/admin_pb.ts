@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file delayq/v1/admin.proto.
  */
 export const file_delayq_v1_admin: GenFile = /*@__PURE__*/
-  fileDesc("ChVkZWxheXEvdjEvYWRtaW4ucHJvdG8SCWRlbGF5cS52MSLMAQoJVG9rZW5JbmZvEhAKCHRva2VuX2lkGAEgASgJEhEKCW5hbWVzcGFjZRgCIAEoCRIjCgVyb2xlcxgDIAMoDjIULmRlbGF5cS52MS5Ub2tlblJvbGUSEwoLZGVzY3JpcHRpb24YBCABKAkSLwoLY3JlYXRlX3RpbWUYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC2V4cGlyZV90aW1lGAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCKJAQoSQ3JlYXRlVG9rZW5SZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRIjCgVyb2xlcxgCIAMoDjIULmRlbGF5cS52MS5Ub2tlblJvbGUSJgoDdHRsGAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhMKC2Rlc2NyaXB0aW9uGAQgASgJIkgKE0NyZWF0ZVRva2VuUmVzcG9uc2USDQoFdG9rZW4YASABKAkSIgoEaW5mbxgCIAEoCzIULmRlbGF5cS52MS5Ub2tlbkluZm8iJgoRTGlzdFRva2Vuc1JlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJIjoKEkxpc3RUb2tlbnNSZXNwb25zZRIkCgZ0b2tlbnMYASADKAsyFC5kZWxheXEudjEuVG9rZW5JbmZvIiYKElJldm9rZVRva2VuUmVxdWVzdBIQCgh0b2tlbl9pZBgBIAEoCSIVChNSZXZva2VUb2tlblJlc3BvbnNlIpACCg1RdWV1ZVNldHRpbmdzEg4KBnNoYXJkcxgBIAEoDRIwCg1kZWZhdWx0X2xlYXNlGAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhQKDG1heF9hdHRlbXB0cxgDIAEoDRIlCgVyZXRyeRgEIAEoCzIWLmRlbGF5cS52MS5SZXRyeVBvbGljeRI2ChNjb21wbGV0ZWRfcmV0ZW50aW9uGAUgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEjEKDmRlYWRfcmV0ZW50aW9uGAYgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhUKDWRlYWRfbWF4X2pvYnMYByABKAQiiwEKBVF1ZXVlEhEKCW5hbWVzcGFjZRgBIAEoCRINCgVxdWV1ZRgCIAEoCRIqCghzZXR0aW5ncxgDIAEoCzIYLmRlbGF5cS52MS5RdWV1ZVNldHRpbmdzEiQKBXN0YXRzGAQgASgLMhUuZGVsYXlxLnYxLlF1ZXVlU3RhdHMSDgoGcGF1c2VkGAUgASgIIk0KEUxpc3RRdWV1ZXNSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRIRCglwYWdlX3NpemUYAiABKA0SEgoKcGFnZV90b2tlbhgDIAEoCSJPChJMaXN0UXVldWVzUmVzcG9uc2USIAoGcXVldWVzGAEgAygLMhAuZGVsYXlxLnYxLlF1ZXVlEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJiChJDcmVhdGVRdWV1ZVJlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEg0KBXF1ZXVlGAIgASgJEioKCHNldHRpbmdzGAMgASgLMhguZGVsYXlxLnYxLlF1ZXVlU2V0dGluZ3MiNgoTQ3JlYXRlUXVldWVSZXNwb25zZRIfCgVxdWV1ZRgBIAEoCzIQLmRlbGF5cS52MS5RdWV1ZSIzCg9HZXRRdWV1ZVJlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEg0KBXF1ZXVlGAIgASgJIjMKEEdldFF1ZXVlUmVzcG9uc2USHwoFcXVldWUYASABKAsyEC5kZWxheXEudjEuUXVldWUikwEKElVwZGF0ZVF1ZXVlUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSDQoFcXVldWUYAiABKAkSKgoIc2V0dGluZ3MYAyABKAsyGC5kZWxheXEudjEuUXVldWVTZXR0aW5ncxIvCgt1cGRhdGVfbWFzaxgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5GaWVsZE1hc2siNgoTVXBkYXRlUXVldWVSZXNwb25zZRIfCgVxdWV1ZRgBIAEoCzIQLmRlbGF5cS52MS5RdWV1ZSI2ChJEZWxldGVRdWV1ZVJlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEg0KBXF1ZXVlGAIgASgJIhUKE0RlbGV0ZVF1ZXVlUmVzcG9uc2UiNQoRUGF1c2VRdWV1ZVJlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEg0KBXF1ZXVlGAIgASgJIjUKElBhdXNlUXVldWVSZXNwb25zZRIfCgVxdWV1ZRgBIAEoCzIQLmRlbGF5cS52MS5RdWV1ZSI2ChJSZXN1bWVRdWV1ZVJlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEg0KBXF1ZXVlGAIgASgJIjYKE1Jlc3VtZVF1ZXVlUmVzcG9uc2USHwoFcXVldWUYASABKAsyEC5kZWxheXEudjEuUXVldWUiaAoRUHVyZ2VRdWV1ZVJlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEg0KBXF1ZXVlGAIgASgJEiIKBXN0YXRlGAMgASgOMhMuZGVsYXlxLnYxLkpvYlN0YXRlEg0KBWxpbWl0GAQgASgNIjcKElB1cmdlUXVldWVSZXNwb25zZRIOCgZwdXJnZWQYASABKAQSEQoJcmVtYWluaW5nGAIgASgEIvkBCg9MaXN0Sm9ic1JlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEg0KBXF1ZXVlGAIgASgJEiIKBXN0YXRlGAMgASgOMhMuZGVsYXlxLnYxLkpvYlN0YXRlEi0KCWZyb21fdGltZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASKwoHdG9fdGltZRgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEQoJcGFnZV9zaXplGAYgASgNEhIKCnBhZ2VfdG9rZW4YByABKAkSHQoVcGF5bG9hZF9wcmV2aWV3X2J5dGVzGAggASgNIkkKEExpc3RKb2JzUmVzcG9uc2USHAoEam9icxgBIAMoCzIOLmRlbGF5cS52MS5Kb2ISFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIr8BChRSZXNjaGVkdWxlSm9iUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSDQoFcXVldWUYAiABKAkSDgoGam9iX2lkGAMgASgJEioKBWRlbGF5GAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uSAASLgoIZHVlX3RpbWUYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wSAASDQoFZm9yY2UYBiABKAhCCgoIc2NoZWR1bGUiNAoVUmVzY2hlZHVsZUpvYlJlc3BvbnNlEhsKA2pvYhgBIAEoCzIOLmRlbGF5cS52MS5Kb2Ii8QEKEFVwZGF0ZUpvYlJlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEg0KBXF1ZXVlGAIgASgJEg4KBmpvYl9pZBgDIAEoCRIPCgdwYXlsb2FkGAQgASgMEjkKB2hlYWRlcnMYBSADKAsyKC5kZWxheXEudjEuVXBkYXRlSm9iUmVxdWVzdC5IZWFkZXJzRW50cnkSLwoLdXBkYXRlX21hc2sYBiABKAsyGi5nb29nbGUucHJvdG9idWYuRmllbGRNYXNrGi4KDEhlYWRlcnNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIjAKEVVwZGF0ZUpvYlJlc3BvbnNlEhsKA2pvYhgBIAEoCzIOLmRlbGF5cS52MS5Kb2IigQEKGVJlZHJpdmVEZWFkTGV0dGVyc1JlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEg0KBXF1ZXVlGAIgASgJEhQKDHRhcmdldF9xdWV1ZRgDIAEoCRIPCgdqb2JfaWRzGAQgAygJEg0KBWxpbWl0GAUgASgNEgwKBHJhdGUYBiABKA0iQQoaUmVkcml2ZURlYWRMZXR0ZXJzUmVzcG9uc2USEAoIcmVkcml2ZW4YASABKAQSEQoJcmVtYWluaW5nGAIgASgEKoIBCglUb2tlblJvbGUSGgoWVE9LRU5fUk9MRV9VTlNQRUNJRklFRBAAEhYKElRPS0VOX1JPTEVfUFJPRFVDRRABEhYKElRPS0VOX1JPTEVfQ09OU1VNRRACEhMKD1RPS0VOX1JPTEVfUkVBRBADEhQKEFRPS0VOX1JPTEVfQURNSU4QBDKXCQoMQWRtaW5TZXJ2aWNlEkwKC0NyZWF0ZVRva2VuEh0uZGVsYXlxLnYxLkNyZWF0ZVRva2VuUmVxdWVzdBoeLmRlbGF5cS52MS5DcmVhdGVUb2tlblJlc3BvbnNlEkkKCkxpc3RUb2tlbnMSHC5kZWxheXEudjEuTGlzdFRva2Vuc1JlcXVlc3QaHS5kZWxheXEudjEuTGlzdFRva2Vuc1Jlc3BvbnNlEkwKC1Jldm9rZVRva2VuEh0uZGVsYXlxLnYxLlJldm9rZVRva2VuUmVxdWVzdBoeLmRlbGF5cS52MS5SZXZva2VUb2tlblJlc3BvbnNlEkkKCkxpc3RRdWV1ZXMSHC5kZWxheXEudjEuTGlzdFF1ZXVlc1JlcXVlc3QaHS5kZWxheXEudjEuTGlzdFF1ZXVlc1Jlc3BvbnNlEkwKC0NyZWF0ZVF1ZXVlEh0uZGVsYXlxLnYxLkNyZWF0ZVF1ZXVlUmVxdWVzdBoeLmRlbGF5cS52MS5DcmVhdGVRdWV1ZVJlc3BvbnNlEkMKCEdldFF1ZXVlEhouZGVsYXlxLnYxLkdldFF1ZXVlUmVxdWVzdBobLmRlbGF5cS52MS5HZXRRdWV1ZVJlc3BvbnNlEkwKC1VwZGF0ZVF1ZXVlEh0uZGVsYXlxLnYxLlVwZGF0ZVF1ZXVlUmVxdWVzdBoeLmRlbGF5cS52MS5VcGRhdGVRdWV1ZVJlc3BvbnNlEkwKC0RlbGV0ZVF1ZXVlEh0uZGVsYXlxLnYxLkRlbGV0ZVF1ZXVlUmVxdWVzdBoeLmRlbGF5cS52MS5EZWxldGVRdWV1ZVJlc3BvbnNlEkkKClBhdXNlUXVldWUSHC5kZWxheXEudjEuUGF1c2VRdWV1ZVJlcXVlc3QaHS5kZWxheXEudjEuUGF1c2VRdWV1ZVJlc3BvbnNlEkwKC1Jlc3VtZVF1ZXVlEh0uZGVsYXlxLnYxLlJlc3VtZVF1ZXVlUmVxdWVzdBoeLmRlbGF5cS52MS5SZXN1bWVRdWV1ZVJlc3BvbnNlEkkKClB1cmdlUXVldWUSHC5kZWxheXEudjEuUHVyZ2VRdWV1ZVJlcXVlc3QaHS5kZWxheXEudjEuUHVyZ2VRdWV1ZVJlc3BvbnNlEkMKCExpc3RKb2JzEhouZGVsYXlxLnYxLkxpc3RKb2JzUmVxdWVzdBobLmRlbGF5cS52MS5MaXN0Sm9ic1Jlc3BvbnNlElIKDVJlc2NoZWR1bGVKb2ISHy5kZWxheXEudjEuUmVzY2hlZHVsZUpvYlJlcXVlc3QaIC5kZWxheXEudjEuUmVzY2hlZHVsZUpvYlJlc3BvbnNlEkYKCVVwZGF0ZUpvYhIbLmRlbGF5cS52MS5VcGRhdGVKb2JSZXF1ZXN0GhwuZGVsYXlxLnYxLlVwZGF0ZUpvYlJlc3BvbnNlEmEKElJlZHJpdmVEZWFkTGV0dGVycxIkLmRlbGF5cS52MS5SZWRyaXZlRGVhZExldHRlcnNSZXF1ZXN0GiUuZGVsYXlxLnYxLlJlZHJpdmVEZWFkTGV0dGVyc1Jlc3BvbnNlQjdaNWdpdGh1Yi5jb20vZGVsYXlxL2RlbGF5cS9jbGllbnRzL2dvL2RlbGF5cXYxO2RlbGF5cXYxYgZwcm90bzM", [file_delayq_v1_job, file_google_protobuf_duration, file_google_protobuf_field_mask, file_google_protobuf_timestamp]);
+  fileDesc("ChVkZWxheXEvdjEvYWRtaW4ucHJvdG8SCWRlbGF5cS52MSLMAQoJVG9rZW5JbmZvEhAKCHRva2VuX2lkGAEgASgJEhEKCW5hbWVzcGFjZRgCIAEoCRIjCgVyb2xlcxgDIAMoDjIULmRlbGF5cS52MS5Ub2tlblJvbGUSEwoLZGVzY3JpcHRpb24YBCABKAkSLwoLY3JlYXRlX3RpbWUYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC2V4cGlyZV90aW1lGAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCKJAQoSQ3JlYXRlVG9rZW5SZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRIjCgVyb2xlcxgCIAMoDjIULmRlbGF5cS52MS5Ub2tlblJvbGUSJgoDdHRsGAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhMKC2Rlc2NyaXB0aW9uGAQgASgJIkgKE0NyZWF0ZVRva2VuUmVzcG9uc2USDQoFdG9rZW4YASABKAkSIgoEaW5mbxgCIAEoCzIULmRlbGF5cS52MS5Ub2tlbkluZm8iJgoRTGlzdFRva2Vuc1JlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJIjoKEkxpc3RUb2tlbnNSZXNwb25zZRIkCgZ0b2tlbnMYASADKAsyFC5kZWxheXEudjEuVG9rZW5JbmZvIiYKElJldm9rZVRva2VuUmVxdWVzdBIQCgh0b2tlbl9pZBgBIAEoCSIVChNSZXZva2VUb2tlblJlc3BvbnNlIrUCCg1RdWV1ZVNldHRpbmdzEg4KBnNoYXJkcxgBIAEoDRIwCg1kZWZhdWx0X2xlYXNlGAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhQKDG1heF9hdHRlbXB0cxgDIAEoDRIlCgVyZXRyeRgEIAEoCzIWLmRlbGF5cS52MS5SZXRyeVBvbGljeRI2ChNjb21wbGV0ZWRfcmV0ZW50aW9uGAUgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEjEKDmRlYWRfcmV0ZW50aW9uGAYgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhUKDWRlYWRfbWF4X2pvYnMYByABKAQSIwoEcHVzaBgIIAEoCzIVLmRlbGF5cS52MS5QdXNoVGFyZ2V0IuMCCgpQdXNoVGFyZ2V0EgsKA3VybBgBIAEoCRIOCgZtZXRob2QYAiABKAkSMwoHaGVhZGVycxgDIAMoCzIiLmRlbGF5cS52MS5QdXNoVGFyZ2V0LkhlYWRlcnNFbnRyeRIqCgd0aW1lb3V0GAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhMKC2NvbmN1cnJlbmN5GAUgASgNEg8KB3N1Y2Nlc3MYBiABKAkSEgoKYWxsb3dfaHR0cBgHIAEoCBIRCglhbGxvd2xpc3QYCCADKAkSDgoGc2VjcmV0GAkgASgJEhIKCmhhc19zZWNyZXQYCiABKAgSGgoSc2VjcmV0X2ZpbmdlcnByaW50GAsgASgJEhoKEm1heF9yZXNwb25zZV9ieXRlcxgMIAEoDRouCgxIZWFkZXJzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASKLAQoFUXVldWUSEQoJbmFtZXNwYWNlGAEgASgJEg0KBXF1ZXVlGAIgASgJEioKCHNldHRpbmdzGAMgASgLMhguZGVsYXlxLnYxLlF1ZXVlU2V0dGluZ3MSJAoFc3RhdHMYBCABKAsyFS5kZWxheXEudjEuUXVldWVTdGF0cxIOCgZwYXVzZWQYBSABKAgiTQoRTGlzdFF1ZXVlc1JlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEhEKCXBhZ2Vfc2l6ZRgCIAEoDRISCgpwYWdlX3Rva2VuGAMgASgJIk8KEkxpc3RRdWV1ZXNSZXNwb25zZRIgCgZxdWV1ZXMYASADKAsyEC5kZWxheXEudjEuUXVldWUSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJImIKEkNyZWF0ZVF1ZXVlUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSDQoFcXVldWUYAiABKAkSKgoIc2V0dGluZ3MYAyABKAsyGC5kZWxheXEudjEuUXVldWVTZXR0aW5ncyI2ChNDcmVhdGVRdWV1ZVJlc3BvbnNlEh8KBXF1ZXVlGAEgASgLMhAuZGVsYXlxLnYxLlF1ZXVlIjMKD0dldFF1ZXVlUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSDQoFcXVldWUYAiABKAkiMwoQR2V0UXVldWVSZXNwb25zZRIfCgVxdWV1ZRgBIAEoCzIQLmRlbGF5cS52MS5RdWV1ZSKTAQoSVXBkYXRlUXVldWVSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRINCgVxdWV1ZRgCIAEoCRIqCghzZXR0aW5ncxgDIAEoCzIYLmRlbGF5cS52MS5RdWV1ZVNldHRpbmdzEi8KC3VwZGF0ZV9tYXNrGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLkZpZWxkTWFzayI2ChNVcGRhdGVRdWV1ZVJlc3BvbnNlEh8KBXF1ZXVlGAEgASgLMhAuZGVsYXlxLnYxLlF1ZXVlIjYKEkRlbGV0ZVF1ZXVlUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSDQoFcXVldWUYAiABKAkiFQoTRGVsZXRlUXVldWVSZXNwb25zZSI1ChFQYXVzZVF1ZXVlUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSDQoFcXVldWUYAiABKAkiNQoSUGF1c2VRdWV1ZVJlc3BvbnNlEh8KBXF1ZXVlGAEgASgLMhAuZGVsYXlxLnYxLlF1ZXVlIjYKElJlc3VtZVF1ZXVlUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSDQoFcXVldWUYAiABKAkiNgoTUmVzdW1lUXVldWVSZXNwb25zZRIfCgVxdWV1ZRgBIAEoCzIQLmRlbGF5cS52MS5RdWV1ZSJoChFQdXJnZVF1ZXVlUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSDQoFcXVldWUYAiABKAkSIgoFc3RhdGUYAyABKA4yEy5kZWxheXEudjEuSm9iU3RhdGUSDQoFbGltaXQYBCABKA0iNwoSUHVyZ2VRdWV1ZVJlc3BvbnNlEg4KBnB1cmdlZBgBIAEoBBIRCglyZW1haW5pbmcYAiABKAQi+QEKD0xpc3RKb2JzUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSDQoFcXVldWUYAiABKAkSIgoFc3RhdGUYAyABKA4yEy5kZWxheXEudjEuSm9iU3RhdGUSLQoJZnJvbV90aW1lGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIrCgd0b190aW1lGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIRCglwYWdlX3NpemUYBiABKA0SEgoKcGFnZV90b2tlbhgHIAEoCRIdChVwYXlsb2FkX3ByZXZpZXdfYnl0ZXMYCCABKA0iSQoQTGlzdEpvYnNSZXNwb25zZRIcCgRqb2JzGAEgAygLMg4uZGVsYXlxLnYxLkpvYhIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkivwEKFFJlc2NoZWR1bGVKb2JSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRINCgVxdWV1ZRgCIAEoCRIOCgZqb2JfaWQYAyABKAkSKgoFZGVsYXkYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb25IABIuCghkdWVfdGltZRgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBIABINCgVmb3JjZRgGIAEoCEIKCghzY2hlZHVsZSI0ChVSZXNjaGVkdWxlSm9iUmVzcG9uc2USGwoDam9iGAEgASgLMg4uZGVsYXlxLnYxLkpvYiLxAQoQVXBkYXRlSm9iUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSDQoFcXVldWUYAiABKAkSDgoGam9iX2lkGAMgASgJEg8KB3BheWxvYWQYBCABKAwSOQoHaGVhZGVycxgFIAMoCzIoLmRlbGF5cS52MS5VcGRhdGVKb2JSZXF1ZXN0LkhlYWRlcnNFbnRyeRIvCgt1cGRhdGVfbWFzaxgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5GaWVsZE1hc2saLgoMSGVhZGVyc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiMAoRVXBkYXRlSm9iUmVzcG9uc2USGwoDam9iGAEgASgLMg4uZGVsYXlxLnYxLkpvYiKBAQoZUmVkcml2ZURlYWRMZXR0ZXJzUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSDQoFcXVldWUYAiABKAkSFAoMdGFyZ2V0X3F1ZXVlGAMgASgJEg8KB2pvYl9pZHMYBCADKAkSDQoFbGltaXQYBSABKA0SDAoEcmF0ZRgGIAEoDSJBChpSZWRyaXZlRGVhZExldHRlcnNSZXNwb25zZRIQCghyZWRyaXZlbhgBIAEoBBIRCglyZW1haW5pbmcYAiABKAQqggEKCVRva2VuUm9sZRIaChZUT0tFTl9ST0xFX1VOU1BFQ0lGSUVEEAASFgoSVE9LRU5fUk9MRV9QUk9EVUNFEAESFgoSVE9LRU5fUk9MRV9DT05TVU1FEAISEwoPVE9LRU5fUk9MRV9SRUFEEAMSFAoQVE9LRU5fUk9MRV9BRE1JThAEMpcJCgxBZG1pblNlcnZpY2USTAoLQ3JlYXRlVG9rZW4SHS5kZWxheXEudjEuQ3JlYXRlVG9rZW5SZXF1ZXN0Gh4uZGVsYXlxLnYxLkNyZWF0ZVRva2VuUmVzcG9uc2USSQoKTGlzdFRva2VucxIcLmRlbGF5cS52MS5MaXN0VG9rZW5zUmVxdWVzdBodLmRlbGF5cS52MS5MaXN0VG9rZW5zUmVzcG9uc2USTAoLUmV2b2tlVG9rZW4SHS5kZWxheXEudjEuUmV2b2tlVG9rZW5SZXF1ZXN0Gh4uZGVsYXlxLnYxLlJldm9rZVRva2VuUmVzcG9uc2USSQoKTGlzdFF1ZXVlcxIcLmRlbGF5cS52MS5MaXN0UXVldWVzUmVxdWVzdBodLmRlbGF5cS52MS5MaXN0UXVldWVzUmVzcG9uc2USTAoLQ3JlYXRlUXVldWUSHS5kZWxheXEudjEuQ3JlYXRlUXVldWVSZXF1ZXN0Gh4uZGVsYXlxLnYxLkNyZWF0ZVF1ZXVlUmVzcG9uc2USQwoIR2V0UXVldWUSGi5kZWxheXEudjEuR2V0UXVldWVSZXF1ZXN0GhsuZGVsYXlxLnYxLkdldFF1ZXVlUmVzcG9uc2USTAoLVXBkYXRlUXVldWUSHS5kZWxheXEudjEuVXBkYXRlUXVldWVSZXF1ZXN0Gh4uZGVsYXlxLnYxLlVwZGF0ZVF1ZXVlUmVzcG9uc2USTAoLRGVsZXRlUXVldWUSHS5kZWxheXEudjEuRGVsZXRlUXVldWVSZXF1ZXN0Gh4uZGVsYXlxLnYxLkRlbGV0ZVF1ZXVlUmVzcG9uc2USSQoKUGF1c2VRdWV1ZRIcLmRlbGF5cS52MS5QYXVzZVF1ZXVlUmVxdWVzdBodLmRlbGF5cS52MS5QYXVzZVF1ZXVlUmVzcG9uc2USTAoLUmVzdW1lUXVldWUSHS5kZWxheXEudjEuUmVzdW1lUXVldWVSZXF1ZXN0Gh4uZGVsYXlxLnYxLlJlc3VtZVF1ZXVlUmVzcG9uc2USSQoKUHVyZ2VRdWV1ZRIcLmRlbGF5cS52MS5QdXJnZVF1ZXVlUmVxdWVzdBodLmRlbGF5cS52MS5QdXJnZVF1ZXVlUmVzcG9uc2USQwoITGlzdEpvYnMSGi5kZWxheXEudjEuTGlzdEpvYnNSZXF1ZXN0GhsuZGVsYXlxLnYxLkxpc3RKb2JzUmVzcG9uc2USUgoNUmVzY2hlZHVsZUpvYhIfLmRlbGF5cS52MS5SZXNjaGVkdWxlSm9iUmVxdWVzdBogLmRlbGF5cS52MS5SZXNjaGVkdWxlSm9iUmVzcG9uc2USRgoJVXBkYXRlSm9iEhsuZGVsYXlxLnYxLlVwZGF0ZUpvYlJlcXVlc3QaHC5kZWxheXEudjEuVXBkYXRlSm9iUmVzcG9uc2USYQoSUmVkcml2ZURlYWRMZXR0ZXJzEiQuZGVsYXlxLnYxLlJlZHJpdmVEZWFkTGV0dGVyc1JlcXVlc3QaJS5kZWxheXEudjEuUmVkcml2ZURlYWRMZXR0ZXJzUmVzcG9uc2VCN1o1Z2l0aHViLmNvbS9kZWxheXEvZGVsYXlxL2NsaWVudHMvZ28vZGVsYXlxdjE7ZGVsYXlxdjFiBnByb3RvMw", [file_delayq_v1_job, file_google_protobuf_duration, file_google_protobuf_field_mask, file_google_protobuf_timestamp]);
 
 /**
  * TokenInfo describes a token without its secret.
@@ -278,6 +278,14 @@ export type QueueSettings = Message<"delayq.v1.QueueSettings"> & {
    * @generated from field: uint64 dead_max_jobs = 7;
    */
   deadMaxJobs: bigint;
+
+  /**
+   * HTTP push target: due jobs are POSTed to it by every pusher (README "Push
+   * delivery"). Unset: no push (jobs wait for Consume).
+   *
+   * @generated from field: delayq.v1.PushTarget push = 8;
+   */
+  push?: PushTarget | undefined;
 };
 
 /**
@@ -286,6 +294,106 @@ export type QueueSettings = Message<"delayq.v1.QueueSettings"> & {
  */
 export const QueueSettingsSchema: GenMessage<QueueSettings> = /*@__PURE__*/
   messageDesc(file_delayq_v1_admin, 7);
+
+/**
+ * PushTarget is where and how a queue's due jobs are pushed; the same rules as
+ * a --push-config file's target. Empty or zero fields take the file's defaults.
+ *
+ * @generated from message delayq.v1.PushTarget
+ */
+export type PushTarget = Message<"delayq.v1.PushTarget"> & {
+  /**
+   * Absolute https:// URL (http:// only with allow_http).
+   *
+   * @generated from field: string url = 1;
+   */
+  url: string;
+
+  /**
+   * POST (default), PUT or PATCH.
+   *
+   * @generated from field: string method = 2;
+   */
+  method: string;
+
+  /**
+   * Static headers sent with every request (never the ones the pusher sets).
+   *
+   * @generated from field: map<string, string> headers = 3;
+   */
+  headers: { [key: string]: string };
+
+  /**
+   * Request timeout, 100 ms to 300 s; unset: 10 s.
+   *
+   * @generated from field: google.protobuf.Duration timeout = 4;
+   */
+  timeout?: Duration | undefined;
+
+  /**
+   * Requests in flight for this queue, 1 to 1000; 0: 8.
+   *
+   * @generated from field: uint32 concurrency = 5;
+   */
+  concurrency: number;
+
+  /**
+   * What counts as success: "2xx" (default) or "later" (2xx with JSON {"code": 100}).
+   *
+   * @generated from field: string success = 6;
+   */
+  success: string;
+
+  /**
+   * Allow an http:// URL.
+   *
+   * @generated from field: bool allow_http = 7;
+   */
+  allowHttp: boolean;
+
+  /**
+   * Host names, addresses or CIDRs allowed although not public.
+   *
+   * @generated from field: repeated string allowlist = 8;
+   */
+  allowlist: string[];
+
+  /**
+   * HMAC key (at least 16 bytes). Write-only: never returned. Empty in an
+   * UpdateQueue keeps the queue's current secret.
+   *
+   * @generated from field: string secret = 9;
+   */
+  secret: string;
+
+  /**
+   * Output only: the target has a secret.
+   *
+   * @generated from field: bool has_secret = 10;
+   */
+  hasSecret: boolean;
+
+  /**
+   * Output only: first 12 hex digits of the secret's SHA-256, to tell secrets apart.
+   *
+   * @generated from field: string secret_fingerprint = 11;
+   */
+  secretFingerprint: string;
+
+  /**
+   * Response bytes read at most, 1 to 1048576; 0: 65536.
+   *
+   * @generated from field: uint32 max_response_bytes = 12;
+   */
+  maxResponseBytes: number;
+};
+
+/**
+ * Describes the message delayq.v1.PushTarget.
+ * Use `create(PushTargetSchema)` to create a new message.
+ */
+export const PushTargetSchema: GenMessage<PushTarget> = /*@__PURE__*/
+  messageDesc(file_delayq_v1_admin, 8);
 
 /**
  * Queue is one queue as the administration sees it.
@@ -334,7 +442,7 @@ export type Queue = Message<"delayq.v1.Queue"> & {
  * Use `create(QueueSchema)` to create a new message.
  */
 export const QueueSchema: GenMessage<Queue> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_admin, 8);
+  messageDesc(file_delayq_v1_admin, 9);
 
 /**
  * ListQueuesRequest pages through queues.
@@ -369,7 +477,7 @@ export type ListQueuesRequest = Message<"delayq.v1.ListQueuesRequest"> & {
  * Use `create(ListQueuesRequestSchema)` to create a new message.
  */
 export const ListQueuesRequestSchema: GenMessage<ListQueuesRequest> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_admin, 9);
+  messageDesc(file_delayq_v1_admin, 10);
 
 /**
  * ListQueuesResponse is one page of queues.
@@ -397,7 +505,7 @@ export type ListQueuesResponse = Message<"delayq.v1.ListQueuesResponse"> & {
  * Use `create(ListQueuesResponseSchema)` to create a new message.
  */
 export const ListQueuesResponseSchema: GenMessage<ListQueuesResponse> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_admin, 10);
+  messageDesc(file_delayq_v1_admin, 11);
 
 /**
  * CreateQueueRequest names the queue and its settings.
@@ -432,7 +540,7 @@ export type CreateQueueRequest = Message<"delayq.v1.CreateQueueRequest"> & {
  * Use `create(CreateQueueRequestSchema)` to create a new message.
  */
 export const CreateQueueRequestSchema: GenMessage<CreateQueueRequest> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_admin, 11);
+  messageDesc(file_delayq_v1_admin, 12);
 
 /**
  * CreateQueueResponse holds the new queue.
@@ -453,7 +561,7 @@ export type CreateQueueResponse = Message<"delayq.v1.CreateQueueResponse"> & {
  * Use `create(CreateQueueResponseSchema)` to create a new message.
  */
 export const CreateQueueResponseSchema: GenMessage<CreateQueueResponse> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_admin, 12);
+  messageDesc(file_delayq_v1_admin, 13);
 
 /**
  * GetQueueRequest names one queue.
@@ -481,7 +589,7 @@ export type GetQueueRequest = Message<"delayq.v1.GetQueueRequest"> & {
  * Use `create(GetQueueRequestSchema)` to create a new message.
  */
 export const GetQueueRequestSchema: GenMessage<GetQueueRequest> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_admin, 13);
+  messageDesc(file_delayq_v1_admin, 14);
 
 /**
  * GetQueueResponse holds the queue.
@@ -502,7 +610,7 @@ export type GetQueueResponse = Message<"delayq.v1.GetQueueResponse"> & {
  * Use `create(GetQueueResponseSchema)` to create a new message.
  */
 export const GetQueueResponseSchema: GenMessage<GetQueueResponse> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_admin, 14);
+  messageDesc(file_delayq_v1_admin, 15);
 
 /**
  * UpdateQueueRequest changes some settings.
@@ -533,8 +641,8 @@ export type UpdateQueueRequest = Message<"delayq.v1.UpdateQueueRequest"> & {
 
   /**
    * QueueSettings fields to change (default_lease, max_attempts, retry,
-   * completed_retention, dead_retention, dead_max_jobs); at least one. A named
-   * field left unset goes back to the server default.
+   * completed_retention, dead_retention, dead_max_jobs, push); at least one. A
+   * named field left unset goes back to the server default (push: no push).
    *
    * @generated from field: google.protobuf.FieldMask update_mask = 4;
    */
@@ -546,7 +654,7 @@ export type UpdateQueueRequest = Message<"delayq.v1.UpdateQueueRequest"> & {
  * Use `create(UpdateQueueRequestSchema)` to create a new message.
  */
 export const UpdateQueueRequestSchema: GenMessage<UpdateQueueRequest> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_admin, 15);
+  messageDesc(file_delayq_v1_admin, 16);
 
 /**
  * UpdateQueueResponse holds the updated queue.
@@ -567,7 +675,7 @@ export type UpdateQueueResponse = Message<"delayq.v1.UpdateQueueResponse"> & {
  * Use `create(UpdateQueueResponseSchema)` to create a new message.
  */
 export const UpdateQueueResponseSchema: GenMessage<UpdateQueueResponse> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_admin, 16);
+  messageDesc(file_delayq_v1_admin, 17);
 
 /**
  * DeleteQueueRequest names one queue.
@@ -595,7 +703,7 @@ export type DeleteQueueRequest = Message<"delayq.v1.DeleteQueueRequest"> & {
  * Use `create(DeleteQueueRequestSchema)` to create a new message.
  */
 export const DeleteQueueRequestSchema: GenMessage<DeleteQueueRequest> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_admin, 17);
+  messageDesc(file_delayq_v1_admin, 18);
 
 /**
  * DeleteQueueResponse is empty: the queue is gone.
@@ -610,7 +718,7 @@ export type DeleteQueueResponse = Message<"delayq.v1.DeleteQueueResponse"> & {
  * Use `create(DeleteQueueResponseSchema)` to create a new message.
  */
 export const DeleteQueueResponseSchema: GenMessage<DeleteQueueResponse> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_admin, 18);
+  messageDesc(file_delayq_v1_admin, 19);
 
 /**
  * PauseQueueRequest names one queue.
@@ -638,7 +746,7 @@ export type PauseQueueRequest = Message<"delayq.v1.PauseQueueRequest"> & {
  * Use `create(PauseQueueRequestSchema)` to create a new message.
  */
 export const PauseQueueRequestSchema: GenMessage<PauseQueueRequest> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_admin, 19);
+  messageDesc(file_delayq_v1_admin, 20);
 
 /**
  * PauseQueueResponse holds the paused queue.
@@ -659,7 +767,7 @@ export type PauseQueueResponse = Message<"delayq.v1.PauseQueueResponse"> & {
  * Use `create(PauseQueueResponseSchema)` to create a new message.
  */
 export const PauseQueueResponseSchema: GenMessage<PauseQueueResponse> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_admin, 20);
+  messageDesc(file_delayq_v1_admin, 21);
 
 /**
  * ResumeQueueRequest names one queue.
@@ -687,7 +795,7 @@ export type ResumeQueueRequest = Message<"delayq.v1.ResumeQueueRequest"> & {
  * Use `create(ResumeQueueRequestSchema)` to create a new message.
  */
 export const ResumeQueueRequestSchema: GenMessage<ResumeQueueRequest> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_admin, 21);
+  messageDesc(file_delayq_v1_admin, 22);
 
 /**
  * ResumeQueueResponse holds the resumed queue.
@@ -708,7 +816,7 @@ export type ResumeQueueResponse = Message<"delayq.v1.ResumeQueueResponse"> & {
  * Use `create(ResumeQueueResponseSchema)` to create a new message.
  */
 export const ResumeQueueResponseSchema: GenMessage<ResumeQueueResponse> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_admin, 22);
+  messageDesc(file_delayq_v1_admin, 23);
 
 /**
  * PurgeQueueRequest says what to delete in this step.
@@ -750,7 +858,7 @@ export type PurgeQueueRequest = Message<"delayq.v1.PurgeQueueRequest"> & {
  * Use `create(PurgeQueueRequestSchema)` to create a new message.
  */
 export const PurgeQueueRequestSchema: GenMessage<PurgeQueueRequest> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_admin, 23);
+  messageDesc(file_delayq_v1_admin, 24);
 
 /**
  * PurgeQueueResponse is the progress of a purge.
@@ -778,7 +886,7 @@ export type PurgeQueueResponse = Message<"delayq.v1.PurgeQueueResponse"> & {
  * Use `create(PurgeQueueResponseSchema)` to create a new message.
  */
 export const PurgeQueueResponseSchema: GenMessage<PurgeQueueResponse> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_admin, 24);
+  messageDesc(file_delayq_v1_admin, 25);
 
 /**
  * ListJobsRequest picks a state, a range and a page.
@@ -850,7 +958,7 @@ export type ListJobsRequest = Message<"delayq.v1.ListJobsRequest"> & {
  * Use `create(ListJobsRequestSchema)` to create a new message.
  */
 export const ListJobsRequestSchema: GenMessage<ListJobsRequest> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_admin, 25);
+  messageDesc(file_delayq_v1_admin, 26);
 
 /**
  * ListJobsResponse is one page of jobs.
@@ -878,7 +986,7 @@ export type ListJobsResponse = Message<"delayq.v1.ListJobsResponse"> & {
  * Use `create(ListJobsResponseSchema)` to create a new message.
  */
 export const ListJobsResponseSchema: GenMessage<ListJobsResponse> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_admin, 26);
+  messageDesc(file_delayq_v1_admin, 27);
 
 /**
  * RescheduleJobRequest names a job and its new due time.
@@ -943,7 +1051,7 @@ export type RescheduleJobRequest = Message<"delayq.v1.RescheduleJobRequest"> & {
  * Use `create(RescheduleJobRequestSchema)` to create a new message.
  */
 export const RescheduleJobRequestSchema: GenMessage<RescheduleJobRequest> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_admin, 27);
+  messageDesc(file_delayq_v1_admin, 28);
 
 /**
  * RescheduleJobResponse holds the job after the move.
@@ -964,7 +1072,7 @@ export type RescheduleJobResponse = Message<"delayq.v1.RescheduleJobResponse"> &
  * Use `create(RescheduleJobResponseSchema)` to create a new message.
  */
 export const RescheduleJobResponseSchema: GenMessage<RescheduleJobResponse> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_admin, 28);
+  messageDesc(file_delayq_v1_admin, 29);
 
 /**
  * UpdateJobRequest replaces parts of a waiting job.
@@ -1020,7 +1128,7 @@ export type UpdateJobRequest = Message<"delayq.v1.UpdateJobRequest"> & {
  * Use `create(UpdateJobRequestSchema)` to create a new message.
  */
 export const UpdateJobRequestSchema: GenMessage<UpdateJobRequest> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_admin, 29);
+  messageDesc(file_delayq_v1_admin, 30);
 
 /**
  * UpdateJobResponse holds the job after the change.
@@ -1041,7 +1149,7 @@ export type UpdateJobResponse = Message<"delayq.v1.UpdateJobResponse"> & {
  * Use `create(UpdateJobResponseSchema)` to create a new message.
  */
 export const UpdateJobResponseSchema: GenMessage<UpdateJobResponse> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_admin, 30);
+  messageDesc(file_delayq_v1_admin, 31);
 
 /**
  * RedriveDeadLettersRequest picks dead jobs and where they go.
@@ -1097,7 +1205,7 @@ export type RedriveDeadLettersRequest = Message<"delayq.v1.RedriveDeadLettersReq
  * Use `create(RedriveDeadLettersRequestSchema)` to create a new message.
  */
 export const RedriveDeadLettersRequestSchema: GenMessage<RedriveDeadLettersRequest> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_admin, 31);
+  messageDesc(file_delayq_v1_admin, 32);
 
 /**
  * RedriveDeadLettersResponse is the progress of a redrive.
@@ -1125,7 +1233,7 @@ export type RedriveDeadLettersResponse = Message<"delayq.v1.RedriveDeadLettersRe
  * Use `create(RedriveDeadLettersResponseSchema)` to create a new message.
  */
 export const RedriveDeadLettersResponseSchema: GenMessage<RedriveDeadLettersResponse> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_admin, 32);
+  messageDesc(file_delayq_v1_admin, 33);
 
 /**
  * TokenRole is one permission a token carries.
