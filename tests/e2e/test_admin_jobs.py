@@ -168,6 +168,10 @@ def test_redrive_to_the_same_queue_and_to_another(
     admin: admin_pb2_grpc.AdminServiceStub, stub: Stub, queue: str
 ) -> None:
     dead = _dead(stub, queue, 4)
+    # The stream that dead-lettered them may still be open on the server for a
+    # moment after the client closed it, and would claim a redriven job: paused,
+    # the queue keeps it READY (pause stops claims only).
+    admin.PauseQueue(A.PauseQueueRequest(queue=queue), timeout=10)
     resp = admin.RedriveDeadLetters(
         A.RedriveDeadLettersRequest(queue=queue, job_ids=dead[:1]), timeout=10
     )
