@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
 
-from delayq_server import validation
+from delayq_server import ids, validation
 from delayq_server.config import Config
 from delayq_server.dispatcher import Dispatcher
 from delayq_server.errors import NotFound
 from delayq_server.quotas import Quotas
-from delayq_server.store import ShardKeys, Store
+from delayq_server.store import LeaseRef, ShardKeys, Store
 from delayq_server.telemetry import Telemetry
 from delayq_server.timers.manager import Timers
 
@@ -59,3 +62,23 @@ class ServicerBase:
     @staticmethod
     def _not_found(keys: ShardKeys, job_id: str) -> NotFound:
         return NotFound(f"job {job_id!r} not found in queue {keys.namespace}/{keys.queue}")
+
+    @staticmethod
+    async def per_shard(
+        tokens: Sequence[ids.LeaseToken],
+        op: Callable[[ShardKeys, list[LeaseRef]], Awaitable[Sequence[int]]],
+    ) -> list[int]:
+        """Runs ``op`` once per shard the tokens name, concurrently; its per-lease
+        outcome codes come back in the tokens' order (Ack, Release)."""
+        by_shard: dict[ShardKeys, list[int]] = defaultdict(list)
+        for i, t in enumerate(tokens):
+            by_shard[t.keys].append(i)
+        codes = [0] * len(tokens)
+
+        async def run(keys: ShardKeys, idx: list[int]) -> None:
+            out = await op(keys, [tokens[i].ref for i in idx])
+            for i, code in zip(idx, out, strict=True):
+                codes[i] = code
+
+        await asyncio.gather(*(run(k, v) for k, v in by_shard.items()))
+        return codes

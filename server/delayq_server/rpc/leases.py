@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections import defaultdict
 
 from delayq.v1 import service_pb2
 from delayq_server import convert, errors, logs, validation
@@ -12,7 +10,6 @@ from delayq_server.rpc.base import Ctx, ServicerBase
 from delayq_server.store import (
     AckOutcome,
     JobState,
-    ShardKeys,
     StaleLease,
     UnknownJob,
 )
@@ -33,17 +30,7 @@ class LeaseRpcs(ServicerBase):
     @errors.unary
     async def Ack(self, request: service_pb2.AckRequest, context: Ctx) -> service_pb2.AckResponse:
         tokens = validation.tokens(list(request.lease_tokens))
-        by_shard: dict[ShardKeys, list[int]] = defaultdict(list)
-        for i, t in enumerate(tokens):
-            by_shard[t.keys].append(i)
-        codes = [0] * len(tokens)
-
-        async def run(keys: ShardKeys, idx: list[int]) -> None:
-            out = await self._store.ack(keys, [tokens[i].ref for i in idx])
-            for i, code in zip(idx, out, strict=True):
-                codes[i] = code
-
-        await asyncio.gather(*(run(k, v) for k, v in by_shard.items()))
+        codes = await self.per_shard(tokens, self._store.ack)
         await self._dispatcher.credit(
             [t for t, c in zip(tokens, codes, strict=True) if c == AckOutcome.ACKED]
         )

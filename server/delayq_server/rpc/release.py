@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections import Counter, defaultdict
+from collections import Counter
 from typing import Any
 
 import grpc
@@ -11,7 +10,7 @@ import grpc
 from delayq.v1 import service_pb2
 from delayq_server import errors, validation
 from delayq_server.rpc.base import ServicerBase
-from delayq_server.store import ReleaseOutcome, ShardKeys
+from delayq_server.store import ReleaseOutcome
 
 _RESULT = {
     ReleaseOutcome.RELEASED: service_pb2.RELEASE_RESULT_RELEASED,
@@ -28,17 +27,7 @@ class ReleaseRpcs(ServicerBase):
         self, request: service_pb2.ReleaseRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> service_pb2.ReleaseResponse:
         tokens = validation.tokens(list(request.lease_tokens))
-        by_shard: dict[ShardKeys, list[int]] = defaultdict(list)
-        for i, t in enumerate(tokens):
-            by_shard[t.keys].append(i)
-        codes = [0] * len(tokens)
-
-        async def run(keys: ShardKeys, idx: list[int]) -> None:
-            out = await self._store.give_back(keys, [tokens[i].ref for i in idx])
-            for i, code in zip(idx, out, strict=True):
-                codes[i] = code
-
-        await asyncio.gather(*(run(k, v) for k, v in by_shard.items()))
+        codes = await self.per_shard(tokens, self._store.give_back)
         # The stream gets the credit back after a cooldown (a closed one in its
         # grace stops holding the leases at once).
         released = [t for t, c in zip(tokens, codes, strict=True) if c == ReleaseOutcome.RELEASED]
