@@ -132,16 +132,25 @@ class EnqueueInput:
 
 def enqueue(req: service_pb2.EnqueueRequest, cfg: Config, prefix: str = "") -> EnqueueInput:
     """Validates one job; ``prefix`` names its place in a batch (``requests[3].``)."""
-    ns = name(prefix + "namespace", req.namespace, default="default")
-    queue = name(prefix + "queue", req.queue)
-    if not req.payload:
+    # Each field read from a protobuf message makes a new Python object (the
+    # payload a new bytes copy): read each once. Field names for messages are
+    # only built on a refusal (issue 12 profile: validation was 15% of a batch).
+    ns = req.namespace
+    if ns not in _GOOD_NAMES:
+        ns = name(prefix + "namespace", ns, default="default")
+    queue = req.queue
+    if queue not in _GOOD_NAMES:
+        queue = name(prefix + "queue", queue)
+    payload = req.payload
+    if not payload:
         raise InvalidArgument(prefix + "payload", "must not be empty")
-    if len(req.payload) > cfg.max_payload_bytes:
+    if len(payload) > cfg.max_payload_bytes:
         raise InvalidArgument(
             prefix + "payload",
-            f"{len(req.payload)} bytes is over the {cfg.max_payload_bytes}-byte limit",
+            f"{len(payload)} bytes is over the {cfg.max_payload_bytes}-byte limit",
         )
-    headers = dict(req.headers)
+    header_map = req.headers
+    headers = dict(header_map) if len(header_map) else {}
     if len(headers) > MAX_HEADERS:
         raise InvalidArgument(prefix + "headers", f"at most {MAX_HEADERS} entries")
     # Measured in UTF-8 bytes: that bounds the delivery size (max_delivery_bytes).
@@ -158,7 +167,12 @@ def enqueue(req: service_pb2.EnqueueRequest, cfg: Config, prefix: str = "") -> E
     due_at_ms: int | None = None
     which = req.WhichOneof("schedule")
     if which == "due_time":
-        due_at_ms = timestamp_ms(prefix + "due_time", req.due_time)
+        t = req.due_time
+        seconds, nanos = t.seconds, t.nanos
+        if 0 <= seconds <= MAX_TIMESTAMP_S and 0 <= nanos < 1_000_000_000:
+            due_at_ms = seconds * 1000 + nanos // 1_000_000
+        else:  # the refusal, naming the field
+            due_at_ms = timestamp_ms(prefix + "due_time", t)
     elif which == "delay":
         delay_ms = duration_ms(prefix + "delay", req.delay, lo=0, hi=MAX_DELAY_MS)
     else:
@@ -193,7 +207,7 @@ def enqueue(req: service_pb2.EnqueueRequest, cfg: Config, prefix: str = "") -> E
         queue,
         JobSpec(
             job_id="",
-            payload=req.payload,
+            payload=payload,
             headers=headers,
             delay_ms=delay_ms,
             due_at_ms=due_at_ms,

@@ -81,12 +81,13 @@ class EnqueueRpcs(ServicerBase):
         if not any(i.spec.due_at_ms is not None for i in inputs):
             return [None] * len(inputs)
         now = await self._store.time_ms()
-        return [
-            validation.due_vs_now(
-                inp.spec, now, "" if batch_indexes is None else f"requests[{batch_indexes[k]}]."
-            )
-            for k, inp in enumerate(inputs)
-        ]
+        out = [validation.due_vs_now(inp.spec, now) for inp in inputs]
+        if batch_indexes is not None:  # name the item; only refusals pay for the text
+            for k, refused in enumerate(out):
+                if refused is not None:
+                    prefix = f"requests[{batch_indexes[k]}]."
+                    out[k] = validation.due_vs_now(inputs[k].spec, now, prefix)
+        return out
 
     async def _store_jobs(
         self, inputs: list[validation.EnqueueInput], context: Ctx
