@@ -28,7 +28,7 @@ from delayq_server.dispatcher import Dispatcher
 from delayq_server.http_port import HttpPort
 from delayq_server.quotas import Limits, Quotas
 from delayq_server.service import DelayQueueService
-from delayq_server.store import Store
+from delayq_server.store import Store, layout
 from delayq_server.store.quotas import QuotaStore
 from delayq_server.store.tokens import TokenStore
 from delayq_server.timers.manager import Timers
@@ -198,6 +198,10 @@ class App:
         try:
             await self.redis.ping()
             await self.store.load_scripts()
+            await layout.check(self.redis)
+            await layout.warn_if_not_compact(self.redis)
+        except layout.LayoutV1Data as exc:
+            raise StartupError(str(exc)) from exc
         except RedisError as exc:
             raise StartupError(f"cannot use Redis at {_safe_url(self.redis_url)}: {exc}") from exc
         self.listener.start()

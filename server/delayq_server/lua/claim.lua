@@ -30,7 +30,7 @@ if prev then
   local out = {prev[1]}
   for i = 2, #prev, 2 do
     local id, nonce = prev[i], prev[i + 1]
-    local raw = redis.call('GET', prefix .. 'j:' .. id)
+    local raw = load_raw(prefix, id)
     if raw then
       local rec = cmsgpack.unpack(raw)
       -- Still this lease: not reaped, acked or deleted since (it cannot have
@@ -55,7 +55,7 @@ for i, id in ipairs(ids) do
   local rec = load(prefix, id)
   if rec then
     if rec[R_EXPIRE] > 0 and rec[R_EXPIRE] <= now then
-      redis.call('DEL', prefix .. 'j:' .. id)
+      drop(prefix, id)
       redis.call('ZREM', k_exp, id)
       redis.call('HINCRBY', k_stats, 'expired', 1)
       emit(prefix, 'expired', id, now, rec, 'ttl')
@@ -69,7 +69,7 @@ for i, id in ipairs(ids) do
       rec[R_LASTDEL] = now
       rec[R_TOKEN] = nonce
       local packed = cmsgpack.pack(rec)
-      redis.call('SET', prefix .. 'j:' .. id, packed)
+      save_raw(prefix, id, packed)
       redis.call('ZADD', k_leased, now + lease, id)
       emit(prefix, 'delivered', id, now, rec, '')
       table.insert(out, id)

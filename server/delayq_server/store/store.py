@@ -25,6 +25,7 @@ from delayq_server.store.keys import (
     ShardKeys,
     queue_meta_key,
 )
+from delayq_server.store.layout import LAYOUT
 from delayq_server.store.records import JobRecord, JobState
 
 if TYPE_CHECKING:
@@ -238,9 +239,10 @@ class Store:
             async with self.redis.pipeline(transaction=False) as pipe:
                 pipe.hsetnx(meta, "shards", self.default_shards)
                 pipe.hsetnx(meta, "bucket_width", self.bucket_width_ms)
+                pipe.hsetnx(meta, "layout", LAYOUT)
                 pipe.hmget(meta, ["shards", "bucket_width"])
                 pipe.sadd(QUEUES_KEY, f"{namespace}/{queue}")
-                _, _, (raw, width), _ = await pipe.execute()
+                _, _, _, (raw, width), _ = await pipe.execute()
         else:
             raw, width = await self.redis.hmget(meta, ["shards", "bucket_width"])
             if raw is None:
@@ -557,7 +559,7 @@ class Store:
 
     async def get(self, keys: ShardKeys, job_id: str) -> tuple[JobRecord, int]:
         """The job's record and the Redis time it was read at."""
-        raw, now = await self._run("read", [keys.record(job_id)], [])
+        raw, now = await self._run("read", [keys.record_group(job_id)], [job_id])
         if not raw:
             raise UnknownJob(job_id)
         return records.decode(raw), int(now)
@@ -566,7 +568,7 @@ class Store:
         """Whether each lease is still current (read-only, pipelined)."""
         async with self.redis.pipeline(transaction=False) as pipe:
             for lease in leases:
-                pipe.get(keys.record(lease.job_id))
+                pipe.hget(keys.record_group(lease.job_id), lease.job_id)
             raws = await pipe.execute()
         out = []
         for lease, raw in zip(leases, raws, strict=True):
@@ -593,7 +595,7 @@ class Store:
             pipe.zcard(keys.dead)
             pipe.zcard(keys.done)
             pipe.lindex(keys.ready, -1)
-            pipe.zrange(keys.index, 0, 0, withscores=True)
+            pipe.zrange(keys.index, 0, 0)
             (
                 counters_raw,
                 ready,
@@ -604,10 +606,14 @@ class Store:
                 head,
             ) = await pipe.execute()
         now_ms = await self.time_ms()  # cluster pipelines cannot carry keyless TIME
+        next_due = None
+        if head:  # the head bucket's first job (index scores are bucket starts)
+            first = await self.redis.zrange(keys.bucket(_s(head[0])), 0, 0, withscores=True)
+            next_due = int(first[0][1]) if first else None
         counters = {_s(k): int(v) for k, v in counters_raw.items()}
         oldest_due = None
         if oldest is not None:
-            raw = await self.redis.get(keys.record(_s(oldest)))
+            raw = await self.redis.hget(keys.record_group(_s(oldest)), _s(oldest))
             if raw is not None:
                 oldest_due = records.decode(cast(bytes, raw)).due_ms
         return ShardStats(
@@ -617,7 +623,7 @@ class Store:
             dead=int(dead),
             completed=int(done),
             oldest_ready_due_ms=oldest_due,
-            next_due_ms=int(head[0][1]) if head else None,
+            next_due_ms=next_due,
             counters=counters,
             now_ms=now_ms,
         )
@@ -629,7 +635,10 @@ class Store:
         ids = [_s(x) for x in await self.redis.zrange(keys.dead, offset, offset + count - 1)]
         if not ids:
             return []
-        raws = await self.redis.mget([keys.record(i) for i in ids])
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for i in ids:
+                pipe.hget(keys.record_group(i), i)
+            raws = await pipe.execute()
         return [
             (i, records.decode(cast(bytes, r)))
             for i, r in zip(ids, raws, strict=True)
