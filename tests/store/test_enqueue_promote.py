@@ -218,3 +218,23 @@ async def test_a_full_batch_is_stored_in_bounded_chunks(store: Store, shard: Sha
     assert calls == [ENQUEUE_CHUNK] * (1000 // ENQUEUE_CHUNK)
     assert [r.job_id for r in results] == [j.job_id for j in jobs]
     assert [r.due_ms for r in results] == [T0 + 1000 + i for i in range(1000)]
+
+
+async def test_claim_takes_due_jobs_from_the_backlog_itself(store: Store, shard: Shard) -> None:
+    heads: list[tuple[int | None, int]] = []
+    store.on_backlog_head = lambda keys, due, now: heads.append((due, now))
+    a = await shard.scheduled(1_000)
+    b = await shard.scheduled(1_000)
+    c = await shard.scheduled(3_000)
+    # Not early: one ms before, nothing; the next due time is reported.
+    assert await store.claim(shard.keys, 10, 30_000, "t.1.0.", T0 + 999) == []
+    assert heads[-1] == (T0 + 1_000, T0 + 999)
+    # At the due time the claim promotes and leases in one call, as many as it asks.
+    (first,) = await store.claim(shard.keys, 1, 30_000, "t.1.1.", T0 + 1_000)
+    assert first.job_id in (a, b) and heads[-1] == (T0 + 1_000, T0 + 1_000)
+    rest = await store.claim(shard.keys, 10, 30_000, "t.1.2.", T0 + 5_000)
+    assert {x.job_id for x in rest} == {a, b, c} - {first.job_id}
+    assert heads[-1] == (None, T0 + 5_000)
+    snap = await shard.snapshot()
+    assert snap["ready"] == [] and snap["index"] == [] and snap["buckets"] == {}
+    assert int(await store.redis.hget(shard.keys.stats, "backlog") or 0) == 0

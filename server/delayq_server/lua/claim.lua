@@ -4,22 +4,30 @@
 -- KEYS[3] stats   HASH  counters
 -- KEYS[4] exp     ZSET  job id -> expire ms
 -- KEYS[5] dead    ZSET  job id -> time of death ms
+-- KEYS[6] index   ZSET  backlog bucket start ms (includes/record.lua)
 -- ARGV[1] prefix, ARGV[2] now ms ('' = Redis TIME), ARGV[3] count (<= 500),
 -- ARGV[4] lease ms, ARGV[5] nonce prefix (the stream's; a counter is appended),
 -- ARGV[6] events channel (publishes "<prefix> lease <deadline>" for the reaper),
 -- ARGV[7] randomness: 16 hex chars per job (count * 16), from the server's CSPRNG,
 -- ARGV[8] events MAXLEN, always the last argument (0 = off; lua/includes/events.lua)
--- Returns: {now, then per leased job: id, nonce, packed record}
+-- Returns: {now, next due ms in the backlog (-1: none), then per leased job: id,
+--   nonce, packed record}
+-- Due jobs are promoted here first, as many as the ready list lacks for `count`,
+-- so a stream that the promoter woke at a due time takes its jobs in this one
+-- call: no promote call and no "ready" event in between (issue 12, timer CPU).
+-- All it promotes it leases at once (or drops: TTL, attempts), so it announces
+-- nothing; the next due time goes back to this replica's promoter.
 -- Each lease gets a fresh nonce stored in the record: that is the fence that
 -- makes Ack/Nack/ExtendLease with an older token fail. The nonce ends in 64
 -- random bits (issue 9), so no lease token can be predicted from another: the
 -- prefix only routes credit back to the stream (server id and stream seq).
 -- Jobs past their TTL are dropped here and counted, never delivered.
--- KEYS[6] the call's request key (includes/replay.lua). A re-sent claim (its
+-- KEYS[7] the call's request key (includes/replay.lua). A re-sent claim (its
 -- reply was lost) answers the leases the first run took, re-read from their
 -- records, so no lease is left that no stream knows of. Only ids and nonces are
 -- kept for the replay, never the records (payloads can be large).
 local k_ready, k_leased, k_stats, k_exp, k_dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local k_index = KEYS[6]
 local prefix, count, lease, nonce_prefix = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
 local channel, random = ARGV[6], ARGV[7]
 -- @include record
@@ -27,7 +35,7 @@ local channel, random = ARGV[6], ARGV[7]
 -- @include replay
 local prev = replay_get()
 if prev then
-  local out = {prev[1]}
+  local out = {prev[1], backlog_head(prefix, k_index) or -1}
   for i = 2, #prev, 2 do
     local id, nonce = prev[i], prev[i + 1]
     local raw = load_raw(prefix, id)
@@ -45,7 +53,12 @@ if prev then
   return out
 end
 local now = now_ms(ARGV[2])
-local out = {now}
+local lacking = count - redis.call('LLEN', k_ready)
+if lacking > 0 then
+  local moved = promote_due(prefix, k_index, k_ready, now, lacking)
+  if moved > 0 then redis.call('HINCRBY', k_stats, 'backlog', -moved) end
+end
+local out = {now, backlog_head(prefix, k_index) or -1}
 local kept = {now}
 local ids = redis.call('RPOP', k_ready, count)
 -- Nothing leased: a re-run is a fresh claim, harmless, so nothing is kept.
@@ -82,7 +95,7 @@ for i, id in ipairs(ids) do
 end
 -- The shard's reaper (on whichever replica owns the shard) sleeps until the
 -- earliest deadline it knows: tell it when this claim made an earlier one.
-if #out > 1 and (not head[2] or now + lease < tonumber(head[2])) then
+if #out > 2 and (not head[2] or now + lease < tonumber(head[2])) then
   redis.call('PUBLISH', channel, prefix .. ' lease ' .. string.format('%d', now + lease))
 end
 if #kept > 1 then replay_put(kept) end

@@ -15,24 +15,8 @@ local k_index, k_ready, k_stats = KEYS[1], KEYS[2], KEYS[3]
 local prefix, limit = ARGV[1], tonumber(ARGV[3])
 -- @include record
 local now = now_ms(ARGV[2])
-local moved = 0
 local was_empty = redis.call('LLEN', k_ready) == 0
-for _ = 1, 64 do
-  if moved >= limit then break end
-  local head = redis.call('ZRANGE', k_index, 0, 0)
-  -- A bucket's start is at most its earliest due time.
-  if not head[1] or tonumber(head[1]) > now then break end
-  local bkey = bucket_key(prefix, head[1])
-  local ids = redis.call('ZRANGE', bkey, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit - moved)
-  if #ids > 0 then
-    redis.call('LPUSH', k_ready, unpack(ids))
-    redis.call('ZREM', bkey, unpack(ids))
-    moved = moved + #ids
-  end
-  if redis.call('EXISTS', bkey) == 1 then break end
-  -- Emptied: later buckets may hold due jobs too.
-  redis.call('ZREM', k_index, head[1])
-end
+local moved = promote_due(prefix, k_index, k_ready, now, limit)
 if moved > 0 then
   redis.call('HINCRBY', k_stats, 'backlog', -moved)
   if was_empty then redis.call('PUBLISH', ARGV[5], prefix .. ' ready ' .. moved) end

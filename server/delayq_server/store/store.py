@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -153,6 +153,10 @@ def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _ignore_head(keys: ShardKeys, next_due_ms: int | None, now_ms: int) -> None:
+    pass
+
+
 def _now_arg(now_ms: int | None) -> str:
     return "" if now_ms is None else str(now_ms)
 
@@ -190,6 +194,9 @@ class Store:
         # connections are busy, but redis-py's cluster client fails instead
         # ("Too many connections"); a batch over hundreds of shards must queue.
         self._in_flight = asyncio.Semaphore(SCRIPTS_IN_FLIGHT)
+        # Told the backlog's next due ms (None: empty) and Redis' now after every
+        # claim: this replica's promoter sleeps on it (timers/promoter.py).
+        self.on_backlog_head: Callable[[ShardKeys, int | None, int], None] = _ignore_head
 
     async def load_scripts(self) -> None:
         """Loads every script now, so the first call of each needs no retry."""
@@ -357,11 +364,15 @@ class Store:
         nonce_prefix: str,
         now_ms: int | None = None,
     ) -> list[Claimed]:
-        """Leases up to ``count`` ready jobs, each with a fresh nonce ending in 64 random bits."""
+        """Leases up to ``count`` ready jobs, each with a fresh nonce ending in 64 random bits.
+
+        Due jobs are promoted first when the ready list holds fewer than ``count``;
+        the backlog's next due time goes to ``on_backlog_head`` (the promoter).
+        """
         count = min(count, CLAIM_LIMIT)
         out = await self._run(
             "claim",
-            [keys.ready, keys.leased, keys.stats, keys.expiring, keys.dead],
+            [keys.ready, keys.leased, keys.stats, keys.expiring, keys.dead, keys.index],
             [
                 keys.prefix,
                 _now_arg(now_ms),
@@ -372,9 +383,10 @@ class Store:
                 os.urandom(8 * count).hex(),
             ],
         )
-        now = int(out[0])
+        now, next_due = int(out[0]), int(out[1])
+        self.on_backlog_head(keys, None if next_due < 0 else next_due, now)
         claimed = []
-        for i in range(1, len(out), 3):
+        for i in range(2, len(out), 3):
             rec = records.decode(out[i + 2])
             claimed.append(Claimed(_s(out[i]), _s(out[i + 1]), rec, now + lease_ms))
         return claimed

@@ -65,6 +65,30 @@ local function backlog_head(prefix, index)
   return tonumber(first[2])
 end
 
+-- Moves due ids from the backlog to the ready list, oldest first: at most
+-- `limit` ids and 64 buckets. Returns how many moved; the caller counts them
+-- off the 'backlog' counter and announces them.
+local function promote_due(prefix, index, ready, now, limit)
+  local moved = 0
+  for _ = 1, 64 do
+    if moved >= limit then break end
+    local head = redis.call('ZRANGE', index, 0, 0)
+    -- A bucket's start is at most its earliest due time.
+    if not head[1] or tonumber(head[1]) > now then break end
+    local bkey = bucket_key(prefix, head[1])
+    local ids = redis.call('ZRANGE', bkey, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit - moved)
+    if #ids > 0 then
+      redis.call('LPUSH', ready, unpack(ids))
+      redis.call('ZREM', bkey, unpack(ids))
+      moved = moved + #ids
+    end
+    if redis.call('EXISTS', bkey) == 1 then break end
+    -- Emptied: later buckets may hold due jobs too.
+    redis.call('ZREM', index, head[1])
+  end
+  return moved
+end
+
 -- Splits an overfull bucket at a due time inside it; jobs due from there on
 -- move to a new bucket starting at it. Ids appended past the end split off
 -- alone, so buckets filled in due order end up full, not half full. A bucket

@@ -1,0 +1,144 @@
+"""`make bench-timers`: the server's CPU per 1,000 due jobs at a steady rate, and lateness.
+
+Stores `--rate` x `--seconds` jobs (100-byte payload) due at random whole ms over the
+window, all before the window opens, then one Consume stream receives them and acks in
+batches (one Ack call in flight, as the benchmark's delayq runner does). Prints the
+delayq server's CPU seconds (utime + stime from /proc) spent inside the due window only,
+per 1,000 jobs, beside the consumer-measured lateness (receive time - requested due
+time): p50, p99, max and early deliveries; and Redis calls per job (INFO commandstats).
+`--no-ack` leaves the jobs leased, to see what acks cost (issue 12).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import redis
+
+from bench.harness.common import due_times_ms
+from bench.harness.delayq_runner import CHANNEL_OPTIONS, Consumer, _request, enqueue_batched
+from bench.harness.profiles import TICK, cpu_ticks
+from delayq.v1 import job_pb2, service_pb2_grpc
+from tests.support.servers import DelayqProcess, ManagedRedis
+
+
+def _commands(url: str) -> dict[str, int]:
+    client = redis.Redis.from_url(url)
+    try:
+        stats: dict[str, Any] = client.info("commandstats")
+    finally:
+        client.close()
+    return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
+
+
+async def drive(target: str, rate: float, seconds: float, lead_s: float, ack: bool) -> list[float]:
+    jobs = int(rate * seconds)
+    due_ms = due_times_ms(lead_s, jobs, rate)
+    lateness: list[float] = []
+    async with grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) as channel:
+        stub = service_pb2_grpc.DelayQueueServiceStub(channel)
+        consumer = Consumer(stub, max_outstanding=min(jobs, 10_000) if not ack else 1000, max_batch=100)
+        if not ack:
+            consumer.wake = asyncio.Event()  # the acker never runs: nothing wakes it
+
+        def on_delivery(d: job_pb2.Delivery) -> None:
+            lateness.append((time.time_ns() - d.job.due_time.ToNanoseconds()) / 1e6)
+
+        await enqueue_batched(
+            stub,
+            [_request(due_ns=d * 1_000_000) for d in due_ms],
+            batch_size=1000,
+            concurrency=2,
+        )
+        if time.time() * 1000 > due_ms[0]:
+            raise SystemExit("enqueueing took longer than the lead: raise --lead")
+        if ack:
+            await consumer.run(on_delivery, jobs)
+        else:
+            call = stub.Consume(consumer.request)
+            async for resp in call:
+                for delivery in resp.deliveries:
+                    on_delivery(delivery)
+                if len(lateness) >= jobs:
+                    break
+            call.cancel()
+    return lateness
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    jobs = int(args.rate * args.seconds)
+    with tempfile.TemporaryDirectory(prefix="delayq-timers-") as tmp:
+        with (
+            ManagedRedis(Path(tmp) / "redis", appendonly=False) as rds,
+            DelayqProcess(rds.url, args.server_args.split()) as server,
+        ):
+            assert server.proc is not None
+            pid = server.proc.pid
+            marks: dict[str, Any] = {}
+
+            async def run() -> list[float]:
+                task = asyncio.create_task(
+                    drive(server.address, args.rate, args.seconds, args.lead, not args.no_ack)
+                )
+                # The window opens `lead` s after the due times were drawn: sample
+                # CPU and Redis calls from then until the last job arrived.
+                await asyncio.sleep(args.lead)
+                marks["cpu0"], marks["cmd0"] = cpu_ticks(pid), _commands(rds.url)
+                out = await task
+                marks["cpu1"], marks["cmd1"] = cpu_ticks(pid), _commands(rds.url)
+                return out
+
+            lateness = asyncio.run(run())
+    cpu_s = (marks["cpu1"] - marks["cpu0"]) / TICK
+    calls = {
+        k: (v - marks["cmd0"].get(k, 0)) / jobs
+        for k, v in marks["cmd1"].items()
+        if v - marks["cmd0"].get(k, 0) > 0 and k not in ("info",)
+    }
+    q = statistics.quantiles(lateness, n=100)
+    return {
+        "jobs": jobs,
+        "received": len(lateness),
+        "server_cpu_s": cpu_s,
+        "server_cpu_s_per_1k": cpu_s / jobs * 1000,
+        "lateness_p50_ms": statistics.median(lateness),
+        "lateness_p99_ms": q[98],
+        "lateness_max_ms": max(lateness),
+        "early": sum(1 for x in lateness if x < 0),
+        "redis_calls_per_job": {k: round(v, 3) for k, v in sorted(calls.items())},
+        "acks": not args.no_ack,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rate", type=float, default=1000.0, help="jobs falling due per s")
+    parser.add_argument("--seconds", type=float, default=30.0, help="length of the due window")
+    parser.add_argument("--lead", type=float, default=15.0, help="s from drawing to the window")
+    parser.add_argument("--no-ack", action="store_true", help="leave deliveries unacked")
+    parser.add_argument("--server-args", default="", help="extra delayq server flags")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    r = measure(args)
+    if args.json:
+        print(json.dumps(r, indent=2))
+        return
+    print(
+        f"{r['jobs']:,} jobs at {args.rate:,.0f}/s due{'' if r['acks'] else ' (no acks)'}: "
+        f"server CPU {r['server_cpu_s']:.2f} s = {r['server_cpu_s_per_1k']:.3f} s per 1,000 jobs; "
+        f"lateness p50 {r['lateness_p50_ms']:.2f} ms, p99 {r['lateness_p99_ms']:.2f} ms, "
+        f"max {r['lateness_max_ms']:.1f} ms, early {r['early']}"
+    )
+    print(f"Redis calls per job: {r['redis_calls_per_job']}")
+
+
+if __name__ == "__main__":
+    main()
