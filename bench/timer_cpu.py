@@ -14,7 +14,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -25,7 +28,7 @@ import redis
 
 from bench.harness.common import due_times_ms
 from bench.harness.delayq_runner import CHANNEL_OPTIONS, Consumer, _request, enqueue_batched
-from bench.harness.profiles import TICK, cpu_ticks
+from bench.harness.profiles import TICK, cpu_ticks, summarize
 from delayq.v1 import job_pb2, service_pb2_grpc
 from tests.support.servers import DelayqProcess, ManagedRedis
 
@@ -92,7 +95,19 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 # CPU and Redis calls from then until the last job arrived.
                 await asyncio.sleep(args.lead)
                 marks["cpu0"], marks["cmd0"] = cpu_ticks(pid), _commands(rds.url)
+                spy = None
+                if args.profile:
+                    spy = subprocess.Popen(
+                        [str(Path(sys.executable).parent / "py-spy"), "record", "--pid",
+                         str(pid), "--rate", "250", "--nonblocking", "--format", "raw",
+                         "--output", args.profile],
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                    )  # fmt: skip
                 out = await task
+                if spy is not None:
+                    spy.send_signal(signal.SIGINT)
+                    spy.wait(30)
+                    Path(args.profile + ".top").write_text(summarize(Path(args.profile)))
                 marks["cpu1"], marks["cmd1"] = cpu_ticks(pid), _commands(rds.url)
                 return out
 
@@ -115,7 +130,19 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "early": sum(1 for x in lateness if x < 0),
         "redis_calls_per_job": {k: round(v, 3) for k, v in sorted(calls.items())},
         "acks": not args.no_ack,
+        "worst": sorted(lateness, reverse=True)[:5],
+        "late_runs": _late_runs(lateness),
     }
+
+
+def _late_runs(lateness: list[float], over_ms: float = 5.0) -> int:
+    """How many separate episodes (in due order) delivered jobs over `over_ms` late."""
+    runs, inside = 0, False
+    for x in lateness:
+        if x > over_ms and not inside:
+            runs += 1
+        inside = x > over_ms
+    return runs
 
 
 def main() -> None:
@@ -125,6 +152,7 @@ def main() -> None:
     parser.add_argument("--lead", type=float, default=15.0, help="s from drawing to the window")
     parser.add_argument("--no-ack", action="store_true", help="leave deliveries unacked")
     parser.add_argument("--server-args", default="", help="extra delayq server flags")
+    parser.add_argument("--profile", default="", help="py-spy the server into this file (.top)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     r = measure(args)
@@ -138,6 +166,7 @@ def main() -> None:
         f"max {r['lateness_max_ms']:.1f} ms, early {r['early']}"
     )
     print(f"Redis calls per job: {r['redis_calls_per_job']}")
+    print(f"worst: {r['worst']}, episodes over 5 ms: {r['late_runs']}")
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from delayq_server.store import Store, layout
 from delayq_server.store.quotas import QuotaStore
 from delayq_server.store.tokens import TokenStore
 from delayq_server.timers.manager import Timers
+from delayq_server.timers.promoter import Waiters
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +140,9 @@ class App:
             self.dispatcher.on_reaped,
             self.server_id,
             fallback_s=cfg.wake_fallback_ms / 1000,
+            waiters=Waiters(self.dispatcher.board.has_idle, self.dispatcher.board.fire),
         )
+        self.store.on_backlog_head = self.timers.backlog_seen
         self.listener = events.PubSubListener(
             self.redis,
             self.hub,
