@@ -70,23 +70,25 @@ async def fill(target: str, jobs: int, spread_s: float) -> None:
         await enqueue_batched(stub, requests, batch_size=1000, concurrency=2)
 
 
-def measure(jobs: int, spread: str, server_args: list[str], redis_args: list[str]) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="delayq-mem-") as tmp:
-        with (
-            ManagedRedis(Path(tmp) / "redis", appendonly=False, extra=redis_args) as rds,
-            DelayqProcess(rds.url, server_args) as server,
-        ):
-            client = redis.Redis.from_url(rds.url)
-            before = int(client.info("memory")["used_memory"])
-            asyncio.run(fill(server.address, jobs, SPREADS[spread]))
-            after = int(client.info("memory")["used_memory"])
-            client.close()
-            return {
-                "spread": spread,
-                "jobs": jobs,
-                "used_memory_per_job": round((after - before) / jobs, 1),
-                "keys": breakdown(rds.url, jobs),
-            }
+def measure(
+    jobs: int, spread: str, server_args: list[str], redis_args: list[str]
+) -> dict[str, Any]:
+    with (
+        tempfile.TemporaryDirectory(prefix="delayq-mem-") as tmp,
+        ManagedRedis(Path(tmp) / "redis", appendonly=False, extra=redis_args) as rds,
+        DelayqProcess(rds.url, server_args) as server,
+    ):
+        client = redis.Redis.from_url(rds.url)
+        before = int(client.info("memory")["used_memory"])
+        asyncio.run(fill(server.address, jobs, SPREADS[spread]))
+        after = int(client.info("memory")["used_memory"])
+        client.close()
+        return {
+            "spread": spread,
+            "jobs": jobs,
+            "used_memory_per_job": round((after - before) / jobs, 1),
+            "keys": breakdown(rds.url, jobs),
+        }
 
 
 def main() -> None:

@@ -93,7 +93,11 @@ async def _probe(store: Store, keys: ShardKeys, now: int, span_ms: int) -> tuple
             moved += (await store.promote(keys, now_ms=due)).moved
         pro.append((time.perf_counter() - t0) * 1e6 / 1000)
         # Probe jobs leave no trace, so the next memory reading is the backlog's.
-        await store.redis.delete(keys.ready, *(keys.record(j.job_id) for j in jobs))
+        await store.redis.delete(keys.ready)
+        async with store.redis.pipeline(transaction=False) as pipe:
+            for j in jobs:
+                pipe.hdel(keys.record_group(j.job_id), j.job_id)
+            await pipe.execute()
     return statistics.median(enq), statistics.median(pro)
 
 

@@ -48,7 +48,9 @@ async def drive(target: str, rate: float, seconds: float, lead_s: float, ack: bo
     lateness: list[float] = []
     async with grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) as channel:
         stub = service_pb2_grpc.DelayQueueServiceStub(channel)
-        consumer = Consumer(stub, max_outstanding=min(jobs, 10_000) if not ack else 1000, max_batch=100)
+        consumer = Consumer(
+            stub, max_outstanding=min(jobs, 10_000) if not ack else 1000, max_batch=100
+        )
         if not ack:
             consumer.wake = asyncio.Event()  # the acker never runs: nothing wakes it
 
@@ -76,42 +78,47 @@ async def drive(target: str, rate: float, seconds: float, lead_s: float, ack: bo
     return lateness
 
 
+def _spy(pid: int, out: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(pid),
+         "--rate", "250", "--nonblocking", "--format", "raw", "--output", out],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def _spy_done(spy: subprocess.Popen[bytes], out: str) -> None:
+    spy.send_signal(signal.SIGINT)
+    spy.wait(30)
+    Path(out + ".top").write_text(summarize(Path(out)))
+
+
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     jobs = int(args.rate * args.seconds)
-    with tempfile.TemporaryDirectory(prefix="delayq-timers-") as tmp:
-        with (
-            ManagedRedis(Path(tmp) / "redis", appendonly=False) as rds,
-            DelayqProcess(rds.url, args.server_args.split()) as server,
-        ):
-            assert server.proc is not None
-            pid = server.proc.pid
-            marks: dict[str, Any] = {}
+    with (
+        tempfile.TemporaryDirectory(prefix="delayq-timers-") as tmp,
+        ManagedRedis(Path(tmp) / "redis", appendonly=False) as rds,
+        DelayqProcess(rds.url, args.server_args.split()) as server,
+    ):
+        assert server.proc is not None
+        pid = server.proc.pid
+        marks: dict[str, Any] = {}
 
-            async def run() -> list[float]:
-                task = asyncio.create_task(
-                    drive(server.address, args.rate, args.seconds, args.lead, not args.no_ack)
-                )
-                # The window opens `lead` s after the due times were drawn: sample
-                # CPU and Redis calls from then until the last job arrived.
-                await asyncio.sleep(args.lead)
-                marks["cpu0"], marks["cmd0"] = cpu_ticks(pid), _commands(rds.url)
-                spy = None
-                if args.profile:
-                    spy = subprocess.Popen(
-                        [str(Path(sys.executable).parent / "py-spy"), "record", "--pid",
-                         str(pid), "--rate", "250", "--nonblocking", "--format", "raw",
-                         "--output", args.profile],
-                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                    )  # fmt: skip
-                out = await task
-                if spy is not None:
-                    spy.send_signal(signal.SIGINT)
-                    spy.wait(30)
-                    Path(args.profile + ".top").write_text(summarize(Path(args.profile)))
-                marks["cpu1"], marks["cmd1"] = cpu_ticks(pid), _commands(rds.url)
-                return out
+        async def run() -> list[float]:
+            task = asyncio.create_task(
+                drive(server.address, args.rate, args.seconds, args.lead, not args.no_ack)
+            )
+            # The window opens `lead` s after the due times were drawn: sample
+            # CPU and Redis calls from then until the last job arrived.
+            await asyncio.sleep(args.lead)
+            marks["cpu0"], marks["cmd0"] = cpu_ticks(pid), _commands(rds.url)
+            spy = await asyncio.to_thread(_spy, pid, args.profile) if args.profile else None
+            out = await task
+            if spy is not None:
+                await asyncio.to_thread(_spy_done, spy, args.profile)
+            marks["cpu1"], marks["cmd1"] = cpu_ticks(pid), _commands(rds.url)
+            return out
 
-            lateness = asyncio.run(run())
+        lateness = asyncio.run(run())
     cpu_s = (marks["cpu1"] - marks["cpu0"]) / TICK
     calls = {
         k: (v - marks["cmd0"].get(k, 0)) / jobs

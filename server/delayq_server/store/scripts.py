@@ -38,7 +38,8 @@ RECORDS_EVENTS = frozenset(
 REPLAY_TTL_MS = 30_000
 
 # Scripts that handle replays themselves (claim stores ids and nonces only, not
-# the records it delivers; enqueue stores "now" and its duplicates only). Every other replayed script is wrapped by _GUARD.
+# the records it delivers; enqueue stores "now" and its duplicates only). Every
+# other replayed script is wrapped by _GUARD.
 SELF_GUARDED = frozenset({"claim", "enqueue"})
 # Not replayed: a re-run is harmless and their replies are only counts and next
 # times the calling loop reads again (promote and expire are conditional on

@@ -63,7 +63,7 @@ class Promoter(Loop):
         waiters: Waiters | None = None,
     ) -> None:
         super().__init__()
-        self.wake = _Wake()
+        self._wake = self.wake = _Wake()
         self.name = f"promoter {keys.tag}"
         self._store, self._hub, self._keys, self._owns = store, hub, keys, owns
         self._waiters = waiters
@@ -83,14 +83,14 @@ class Promoter(Loop):
             return
         self._seen_now = now_ms
         self._head = (next_due_ms, now_ms, time.monotonic())
-        self.wake.report()
+        self._wake.report()
 
     async def tick(self) -> float | None:
         if not self._owns():
             self.idle = True  # nothing for this replica to do here
             self._head = None
             return None  # another replica promotes; woken again when we own the shard
-        external, self.wake.external = self.wake.external, False
+        external, self._wake.external = self._wake.external, False
         if not external and self._head is not None:
             next_due, seen_now, seen_at = self._head
             if next_due is None:

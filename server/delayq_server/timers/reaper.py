@@ -55,4 +55,3 @@ class Reaper(Loop):
         if res.next_deadline_ms is None:
             return None
         return max(0.0, (res.next_deadline_ms - res.now_ms) / 1000)
-
