@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import statistics
 import subprocess
@@ -79,9 +80,11 @@ async def drive(target: str, rate: float, seconds: float, lead_s: float, ack: bo
 
 
 def _spy(pid: int, out: str) -> subprocess.Popen[bytes]:
+    # BENCH_NATIVE=1: C frames too (gRPC core, uvloop); py-spy then has to pause the process.
+    native = ["--native"] if os.environ.get("BENCH_NATIVE") else ["--nonblocking"]
     return subprocess.Popen(
         [str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(pid),
-         "--rate", "250", "--nonblocking", "--format", "raw", "--output", out],
+         "--rate", "250", *native, "--format", "raw", "--output", out],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
 
@@ -92,12 +95,14 @@ def _spy_done(spy: subprocess.Popen[bytes], out: str) -> None:
     Path(out + ".top").write_text(summarize(Path(out)))
 
 
-def measure(args: argparse.Namespace) -> dict[str, Any]:
+def measure(args: argparse.Namespace, server_tree: str = "") -> dict[str, Any]:
+    """One run on a fresh Redis and server (``server_tree``: another checkout's server)."""
+    env = {"PYTHONPATH": str(Path(server_tree) / "server")} if server_tree else None
     jobs = int(args.rate * args.seconds)
     with (
         tempfile.TemporaryDirectory(prefix="delayq-timers-") as tmp,
         ManagedRedis(Path(tmp) / "redis", appendonly=False) as rds,
-        DelayqProcess(rds.url, args.server_args.split()) as server,
+        DelayqProcess(rds.url, args.server_args.split(), env=env) as server,
     ):
         assert server.proc is not None
         pid = server.proc.pid
@@ -152,6 +157,32 @@ def _late_runs(lateness: list[float], over_ms: float = 5.0) -> int:
     return runs
 
 
+def compare(args: argparse.Namespace) -> None:
+    """Interleaved A/B (this tree, then --compare, alternating who goes first): on a
+    shared machine only figures from the same minutes compare."""
+    runs: dict[str, list[dict[str, Any]]] = {"this": [], "other": []}
+    for i in range(args.rounds):
+        order = [("this", ""), ("other", args.compare)]
+        for name, tree in order if i % 2 == 0 else order[::-1]:
+            r = measure(args, tree)
+            runs[name].append(r)
+            print(
+                f"round {i + 1} {name}: {r['server_cpu_s_per_1k']:.3f} s/1k, "
+                f"p99 {r['lateness_p99_ms']:.2f} ms, early {r['early']}",
+                flush=True,
+            )
+    for name, rs in runs.items():
+        cpu = statistics.median(r["server_cpu_s_per_1k"] for r in rs)
+        p99 = statistics.median(r["lateness_p99_ms"] for r in rs)
+        p50 = statistics.median(r["lateness_p50_ms"] for r in rs)
+        early = sum(r["early"] for r in rs)
+        print(
+            f"{name} ({args.compare if name == 'other' else 'this tree'}): median of "
+            f"{len(rs)}: {cpu:.3f} s CPU per 1,000 jobs, lateness p50 {p50:.2f} ms, "
+            f"p99 {p99:.2f} ms, early {early}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rate", type=float, default=1000.0, help="jobs falling due per s")
@@ -160,8 +191,17 @@ def main() -> None:
     parser.add_argument("--no-ack", action="store_true", help="leave deliveries unacked")
     parser.add_argument("--server-args", default="", help="extra delayq server flags")
     parser.add_argument("--profile", default="", help="py-spy the server into this file (.top)")
+    parser.add_argument(
+        "--compare",
+        default="",
+        help="another checkout (e.g. a worktree of main): its server and this one take turns",
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="turns each with --compare")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.compare:
+        compare(args)
+        return
     r = measure(args)
     if args.json:
         print(json.dumps(r, indent=2))

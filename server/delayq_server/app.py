@@ -141,6 +141,7 @@ class App:
             self.server_id,
             fallback_s=cfg.wake_fallback_ms / 1000,
             waiters=Waiters(self.dispatcher.board.has_idle, self.dispatcher.board.fire),
+            coalesce_s=cfg.timer_coalesce_ms / 1000,
         )
         self.store.on_backlog_head = self.timers.backlog_seen
         self.listener = events.PubSubListener(

@@ -27,7 +27,7 @@ from delayq_server.store import LeaseRef, ShardKeys, Store
 from delayq_server.timers.base import FALLBACK_S
 from delayq_server.timers.janitor import Janitor
 from delayq_server.timers.ownership import Ownership, preferred
-from delayq_server.timers.promoter import Promoter, Waiters
+from delayq_server.timers.promoter import COALESCE_S, Promoter, Waiters
 from delayq_server.timers.reaper import Reaper
 
 log = logging.getLogger(__name__)
@@ -50,10 +50,12 @@ class Timers:
         idle_stop_s: float = IDLE_STOP_S,
         refresh_s: float = REFRESH_S,
         waiters: Waiters | None = None,
+        coalesce_s: float = COALESCE_S,
     ) -> None:
         self._store, self._hub, self._on_reaped = store, hub, on_reaped
         self._fallback_s = fallback_s
         self._waiters = waiters  # this replica's idle streams (promoter.py)
+        self._coalesce_s = coalesce_s
         self._idle_stop_s, self._refresh_s = idle_stop_s, refresh_s
         self._loops: dict[ShardKeys, tuple[Promoter, Reaper]] = {}
         self._queues: dict[tuple[str, str], int] = {}  # every known queue -> shard count
@@ -129,7 +131,9 @@ class Timers:
         if keys in self._loops:
             return False
         owns = self._owner_check(keys)
-        promoter = Promoter(self._store, self._hub, keys, owns, self._waiters)
+        promoter = Promoter(
+            self._store, self._hub, keys, owns, self._waiters, self._coalesce_s
+        )
         reaper = Reaper(self._store, self._hub, keys, self._on_reaped, owns)
         promoter.fallback_s = reaper.fallback_s = self._fallback_s
         promoter.start()
