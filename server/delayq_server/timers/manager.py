@@ -131,9 +131,7 @@ class Timers:
         if keys in self._loops:
             return False
         owns = self._owner_check(keys)
-        promoter = Promoter(
-            self._store, self._hub, keys, owns, self._waiters, self._coalesce_s
-        )
+        promoter = Promoter(self._store, self._hub, keys, owns, self._waiters, self._coalesce_s)
         reaper = Reaper(self._store, self._hub, keys, self._on_reaped, owns)
         promoter.fallback_s = reaper.fallback_s = self._fallback_s
         promoter.start()
