@@ -32,6 +32,10 @@ system-deps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null; \
 	  systemctl disable --now redis-server >/dev/null 2>&1 || true; \
 	fi
+	@if [ ! -x /usr/bin/chromium ]; then \
+	  echo "installing chromium (Debian package; the dashboard's browser tests drive it with Playwright)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	fi
 	@if ! command -v gcc >/dev/null; then \
 	  echo "installing gcc (builds the durability suite's unsynced-writes shim)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libc6-dev >/dev/null; \

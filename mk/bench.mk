@@ -70,3 +70,9 @@ bench-memory: deps
 .PHONY: bench-timers
 bench-timers: bench-deps
 	$(PY) -m bench.timer_cpu $(BENCH_ARGS)
+
+# Issue 14: redrive and purge of 100,000 jobs through AdminService: jobs/s and
+# the slowest Redis command (SLOWLOG) of each (bench/admin.py).
+.PHONY: bench-admin
+bench-admin: deps
+	$(PY) -m bench.admin --json .run/bench-admin.json $(BENCH_ARGS)

@@ -79,7 +79,12 @@ def _parser() -> argparse.ArgumentParser:
     _spark_args(s)
 
     e = sub.add_parser("export", help="copy lifecycle event streams to Parquet (incremental)")
-    e.add_argument("--redis-url", default=os.environ.get("DELAYQ_REDIS_URL"), required=False)
+    e.add_argument(
+        "--redis-url",
+        default=os.environ.get("DELAYQ_REDIS_URL"),
+        required=False,
+        help="redis://, rediss:// or redis+cluster:// (the server's URL)",
+    )
     e.add_argument("--out", required=True, help="export directory (Parquet + checkpoint)")
     e.add_argument("--batch", type=int, default=10_000, help="XRANGE page size")
     _spark_args(e)

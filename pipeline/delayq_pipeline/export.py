@@ -56,10 +56,26 @@ class Shard(NamedTuple):
     after_seq: int
 
 
+# The server's cluster URL schemes (server redis_client.py): the same URL works here.
+_CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+
+
+def _client(redis_url: str) -> Any:
+    """A redis-py client for a single Redis or, with redis+cluster://, a Redis Cluster.
+
+    Every key one call reads lives in one shard's hash slot, so the cluster client
+    routes each call whole. decode_responses=True: redis-py's stubs still say bytes | str.
+    """
+    scheme, sep, rest = redis_url.partition("://")
+    if sep and scheme in _CLUSTER_SCHEMES:
+        url = f"{_CLUSTER_SCHEMES[scheme]}://{rest}"
+        return redis.RedisCluster.from_url(url, decode_responses=True)
+    return redis.Redis.from_url(redis_url, decode_responses=True)
+
+
 def shards(redis_url: str) -> list[tuple[str, str, int]]:
     """Every (namespace, queue, shard) the servers know of (queues set + per-queue meta)."""
-    # decode_responses=True: redis-py's stubs still say bytes | str.
-    client: Any = redis.Redis.from_url(redis_url, decode_responses=True)
+    client = _client(redis_url)
     try:
         out = []
         for name in sorted(client.smembers(QUEUES_KEY)):
@@ -78,7 +94,7 @@ def _split(entry_id: str) -> tuple[int, int]:
 
 def _read_shard(redis_url: str, page: int, s: Shard) -> Iterator[tuple[Any, ...]]:
     """Yields an "event" row per new entry, then one "checkpoint" row."""
-    client: Any = redis.Redis.from_url(redis_url, decode_responses=True)
+    client = _client(redis_url)
     key = ShardKeys(s.namespace, s.queue, s.shard).events
     last = (s.after_ms, s.after_seq)
     count = 0

@@ -8,6 +8,9 @@ import grpc
 
 from delayq.v1 import admin_pb2, admin_pb2_grpc
 from delayq_server import convert, errors, validation
+from delayq_server.admin.jobs import JobOps
+from delayq_server.admin.queues import QueueOps
+from delayq_server.admin.servicer import QueueAdminServicer
 from delayq_server.auth import principal as pr
 from delayq_server.auth import tokens
 from delayq_server.errors import InvalidArgument, NotFound
@@ -69,12 +72,21 @@ def _roles(values: list[int]) -> tuple[str, ...]:
     return tuple(out)
 
 
-class AdminService(admin_pb2_grpc.AdminServiceServicer):
-    """Token management; the interceptor has checked the admin role already."""
+class AdminService(QueueAdminServicer, admin_pb2_grpc.AdminServiceServicer):
+    """Token management here, queue administration in QueueAdminServicer; the
+    interceptor has checked roles already."""
 
-    def __init__(self, store: TokenStore, authenticator: tokens.TokenAuthenticator | None) -> None:
+    def __init__(
+        self,
+        store: TokenStore,
+        authenticator: tokens.TokenAuthenticator | None,
+        queue_ops: QueueOps,
+        job_ops: JobOps,
+    ) -> None:
         self._store = store
         self._auth = authenticator
+        self.queue_ops = queue_ops
+        self.job_ops = job_ops
 
     @errors.unary
     async def CreateToken(

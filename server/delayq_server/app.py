@@ -16,19 +16,25 @@ from grpc_reflection.v1alpha import reflection
 from redis.exceptions import RedisError
 
 from delayq.v1 import admin_pb2, admin_pb2_grpc, service_pb2, service_pb2_grpc
-from delayq_server import clock, events, redis_client, telemetry
+from delayq_server import clock, dashboard, events, redis_client, telemetry
+from delayq_server.admin.common import Deps
+from delayq_server.admin.jobs import JobOps
+from delayq_server.admin.queues import QueueOps
 from delayq_server.admin_service import AdminService
 from delayq_server.auth import bootstrap
 from delayq_server.auth.certs import CertRoles
 from delayq_server.auth.interceptor import AuthInterceptor
 from delayq_server.auth.tokens import TokenAuthenticator
 from delayq_server.config import Config
+from delayq_server.dashboard import DashboardApi
 from delayq_server.decode_guard import DecodeGuard, guarded
 from delayq_server.dispatcher import Dispatcher
 from delayq_server.http_port import HttpPort
 from delayq_server.quotas import Limits, Quotas
 from delayq_server.service import DelayQueueService
 from delayq_server.store import Store, layout
+from delayq_server.store.jobs_admin import JobAdmin
+from delayq_server.store.queues import QUEUE_EVENT
 from delayq_server.store.quotas import QuotaStore
 from delayq_server.store.tokens import TokenStore
 from delayq_server.timers.manager import Timers
@@ -184,12 +190,34 @@ class App:
             ),
             self.server_id,
         )
+        deps = Deps(
+            cfg, self.store, JobAdmin(self.store), self.timers, self.dispatcher, self.quotas
+        )
+        self.queue_ops, self.job_ops = QueueOps(deps), JobOps(deps)
+        self.hub.listen(QUEUE_EVENT, self._on_queue_event)
+        self._background: set[asyncio.Task[None]] = set()
         self.port = 0
         # Features add their routes to http.app before start() (http_port/server.py).
         self.http = HttpPort(cfg.http_listen) if cfg.http_listen else None
+        if self.http is not None:
+            dashboard.add_routes(
+                self.http.app, DashboardApi(self.queue_ops, self.job_ops, self.authenticator)
+            )
         self.http_port = 0
 
+    def _on_queue_event(self, tag: str, detail: str) -> None:
+        """A queue's settings changed or it was deleted, through any replica."""
+        namespace, _, queue = tag.partition("/")
+        if detail != "deleted":
+            self.store.queues.forget(namespace, queue)
+            return
+        self.store.forget_queue(namespace, queue)
+        task = asyncio.create_task(self.timers.forget_queue(namespace, queue))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     def _resync(self) -> None:
+        self.store.queues.forget_all()  # "changed" events may have been lost
         self.timers.wake_all()
         self.dispatcher.wake_all()
 
@@ -220,7 +248,8 @@ class App:
         registrar = self.server if self._intercepted else guarded(self.server)
         service_pb2_grpc.add_DelayQueueServiceServicer_to_server(service, registrar)
         admin_pb2_grpc.add_AdminServiceServicer_to_server(
-            AdminService(self.token_store, self.authenticator), registrar
+            AdminService(self.token_store, self.authenticator, self.queue_ops, self.job_ops),
+            registrar,
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, registrar)
         if self.cfg.reflection:

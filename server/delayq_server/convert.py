@@ -10,7 +10,7 @@ from delayq.v1 import job_pb2
 from delayq_server.store import JobRecord, ShardKeys
 
 
-def _parts(ms: int) -> dict[str, int]:
+def parts(ms: int) -> dict[str, int]:
     """Seconds and nanos of a millisecond count: the fields of Timestamp and Duration.
 
     Message fields accept such dicts, which is cheaper than building the objects.
@@ -19,11 +19,11 @@ def _parts(ms: int) -> dict[str, int]:
 
 
 def ts(ms: int) -> timestamp_pb2.Timestamp:
-    return timestamp_pb2.Timestamp(**_parts(ms))
+    return timestamp_pb2.Timestamp(**parts(ms))
 
 
 def dur(ms: int) -> duration_pb2.Duration:
-    return duration_pb2.Duration(**_parts(ms))
+    return duration_pb2.Duration(**parts(ms))
 
 
 def job(keys: ShardKeys, job_id: str, rec: JobRecord, now_ms: int) -> job_pb2.Job:
@@ -33,11 +33,11 @@ def job(keys: ShardKeys, job_id: str, rec: JobRecord, now_ms: int) -> job_pb2.Jo
     """
     optional: dict[str, Any] = {}
     if rec.expire_ms:
-        optional["expire_time"] = _parts(rec.expire_ms)
+        optional["expire_time"] = parts(rec.expire_ms)
     if rec.last_delivery_ms:
-        optional["last_delivery_time"] = _parts(rec.last_delivery_ms)
+        optional["last_delivery_time"] = parts(rec.last_delivery_ms)
     if rec.finish_ms:
-        optional["finish_time"] = _parts(rec.finish_ms)
+        optional["finish_time"] = parts(rec.finish_ms)
     fields: dict[str, Any] = {
         "id": job_id,
         "namespace": keys.namespace,
@@ -48,13 +48,13 @@ def job(keys: ShardKeys, job_id: str, rec: JobRecord, now_ms: int) -> job_pb2.Jo
         "attempts": rec.attempts,
         "max_attempts": rec.max_attempts,
         "retry": {
-            "initial_backoff": _parts(rec.backoff_initial_ms),
-            "max_backoff": _parts(rec.backoff_max_ms),
+            "initial_backoff": parts(rec.backoff_initial_ms),
+            "max_backoff": parts(rec.backoff_max_ms),
             "multiplier": rec.multiplier,
             "jitter": rec.jitter,
         },
-        "create_time": _parts(rec.created_ms),
-        "due_time": _parts(rec.due_ms),
+        "create_time": parts(rec.created_ms),
+        "due_time": parts(rec.due_ms),
         "last_error": rec.last_error,
         **optional,
     }

@@ -17,13 +17,23 @@ from dataclasses import dataclass
 import grpc
 
 from delayq_server.errors import DelayqError
-from delayq_server.store.quotas import QuotaStore
+from delayq_server.store.quotas import QuotaStore, Taken
 
 log = logging.getLogger(__name__)
 
 # A namespace's stored-job count is re-read at most this often per replica;
 # the overshoot is bounded by the enqueue rate quota times this.
 BACKLOG_CACHE_S = 1.0
+# Enqueue tokens are taken from the shared bucket in chunks and spent locally, so a
+# unary Enqueue makes one Redis call, not two (issue 12). A chunk is at most a
+# twentieth of the burst and 50 ms of rate; unspent tokens lapse after
+# ALLOWANCE_TTL_S. Tokens are only ever taken from the shared bucket, never made
+# up locally: the namespace's rate holds over all replicas; a replica may use
+# tokens up to ALLOWANCE_TTL_S after taking them.
+ALLOWANCE_TTL_S = 1.0
+ALLOWANCE_BURST_SHARE = 20
+ALLOWANCE_RATE_S = 0.05
+_TAKEN = Taken(True, 0)
 # A Consume stream's slot lives this long unless renewed; a crashed replica's
 # slots free themselves after it.
 STREAM_SLOT_TTL_MS = 30_000
@@ -54,6 +64,7 @@ class Quotas:
         self.limits = limits
         self._server_id = server_id
         self._jobs: dict[str, tuple[float, int]] = {}  # ns -> (read at, count)
+        self._allowance: dict[str, tuple[float, int]] = {}  # ns -> (taken at, tokens left)
 
     async def enqueue(self, namespace: str, n: int) -> None:
         """Admits n new jobs into a namespace or raises QuotaExceeded (nothing taken)."""
@@ -72,7 +83,7 @@ class Quotas:
                 )
         if lim.enqueue_rate > 0:
             burst = lim.enqueue_burst or max(1, int(lim.enqueue_rate))
-            taken = await self._store.take_enqueue(namespace, n, lim.enqueue_rate, burst)
+            taken = await self._take(namespace, n, burst)
             if not taken.ok and taken.retry_after_ms < 0:
                 raise QuotaExceeded(
                     f"quota: {n} jobs at once exceed namespace {namespace!r}'s enqueue burst "
@@ -88,6 +99,23 @@ class Quotas:
             if lim.max_jobs:
                 ts, count = self._jobs[namespace]
                 self._jobs[namespace] = (ts, count + n)
+
+    async def _take(self, namespace: str, n: int, burst: int) -> Taken:
+        """Spends n tokens of this replica's allowance; when short, one script call
+        takes n plus as much of a chunk as the shared bucket holds."""
+        now = time.monotonic()
+        taken_at, left = self._allowance.get(namespace, (0.0, 0))
+        if now - taken_at > ALLOWANCE_TTL_S:
+            left = 0
+        if left >= n:
+            self._allowance[namespace] = (taken_at, left - n)
+            return _TAKEN
+        rate = self.limits.enqueue_rate
+        chunk = min(burst // ALLOWANCE_BURST_SHARE, int(rate * ALLOWANCE_RATE_S))
+        got = await self._store.take_enqueue(namespace, n, rate, burst, up_to=n + chunk)
+        if got.ok:
+            self._allowance[namespace] = (now, got.taken - n)
+        return got
 
     async def enqueue_many(self, namespaces: list[str]) -> dict[str, QuotaExceeded]:
         """Admits a batch's jobs per namespace; the refusal of each namespace refused."""

@@ -53,13 +53,27 @@ def max_delivery_bytes(max_payload_bytes: int) -> int:
     )
 
 
+# Names already accepted: a batch names its queue a thousand times (issue 12 profile).
+# Bounded: cleared when full, so hostile callers cannot grow it.
+_GOOD_NAMES: set[str] = set()
+_GOOD_NAMES_MAX = 4096
+# Control characters, refused in idempotency keys.
+_CONTROL = re.compile(r"[\x00-\x1f]")
+
+
 def name(field: str, value: str, *, default: str | None = None) -> str:
     """A namespace or queue name; braces, colons and slashes can never pass."""
+    if value in _GOOD_NAMES:
+        return value
     if not value and default is not None:
         return default
     if not value:
         raise InvalidArgument(field, "required")
-    if not NAME_RE.match(value):
+    if len(_GOOD_NAMES) >= _GOOD_NAMES_MAX:
+        _GOOD_NAMES.clear()
+    if NAME_RE.match(value):
+        _GOOD_NAMES.add(value)
+    else:
         raise InvalidArgument(
             field,
             f"{value[:80]!r} is not a valid name: use 1-64 of A-Z a-z 0-9 _ . -, "
@@ -110,6 +124,10 @@ class EnqueueInput:
     namespace: str
     queue: str
     spec: JobSpec
+    # The request left these to defaults: the queue's own settings may fill them
+    # (UpdateQueue, issue 14; service.py applies them).
+    default_attempts: bool = False
+    default_retry: bool = False
 
 
 def enqueue(req: service_pb2.EnqueueRequest, cfg: Config, prefix: str = "") -> EnqueueInput:
@@ -123,10 +141,11 @@ def enqueue(req: service_pb2.EnqueueRequest, cfg: Config, prefix: str = "") -> E
             prefix + "payload",
             f"{len(req.payload)} bytes is over the {cfg.max_payload_bytes}-byte limit",
         )
-    if len(req.headers) > MAX_HEADERS:
+    headers = dict(req.headers)
+    if len(headers) > MAX_HEADERS:
         raise InvalidArgument(prefix + "headers", f"at most {MAX_HEADERS} entries")
     # Measured in UTF-8 bytes: that bounds the delivery size (max_delivery_bytes).
-    for k, v in req.headers.items():
+    for k, v in headers.items():
         if not k or len(k.encode()) > MAX_HEADER_KEY:
             raise InvalidArgument(
                 prefix + "headers", f"keys must be 1-{MAX_HEADER_KEY} bytes (UTF-8)"
@@ -156,20 +175,26 @@ def enqueue(req: service_pb2.EnqueueRequest, cfg: Config, prefix: str = "") -> E
     max_attempts = req.max_attempts or cfg.default_max_attempts
     if not 1 <= max_attempts <= MAX_ATTEMPTS:
         raise InvalidArgument(prefix + "max_attempts", f"must be 1 to {MAX_ATTEMPTS}")
-    initial, cap, mult, jitter = retry(
-        req.retry, cfg, prefix + "retry.", has_policy=req.HasField("retry")
-    )
-    if len(req.idempotency_key) > MAX_IDEMPOTENCY_KEY:
-        raise InvalidArgument(prefix + "idempotency_key", f"at most {MAX_IDEMPOTENCY_KEY} chars")
-    if any(ord(c) < 0x20 for c in req.idempotency_key):
-        raise InvalidArgument(prefix + "idempotency_key", "control characters are not allowed")
+    if req.HasField("retry"):
+        initial, cap, mult, jitter = retry(req.retry, cfg, prefix + "retry.")
+    else:  # the server's defaults, checked at start-up (config.check)
+        initial, cap = cfg.retry_initial_ms, cfg.retry_max_ms
+        mult, jitter = cfg.retry_multiplier, cfg.retry_jitter
+    key = req.idempotency_key
+    if key:
+        if len(key) > MAX_IDEMPOTENCY_KEY:
+            raise InvalidArgument(
+                prefix + "idempotency_key", f"at most {MAX_IDEMPOTENCY_KEY} chars"
+            )
+        if _CONTROL.search(key):
+            raise InvalidArgument(prefix + "idempotency_key", "control characters are not allowed")
     return EnqueueInput(
         ns,
         queue,
         JobSpec(
             job_id="",
             payload=req.payload,
-            headers=dict(req.headers),
+            headers=headers,
             delay_ms=delay_ms,
             due_at_ms=due_at_ms,
             ttl_ms=ttl_ms,
@@ -178,8 +203,10 @@ def enqueue(req: service_pb2.EnqueueRequest, cfg: Config, prefix: str = "") -> E
             backoff_max_ms=cap,
             multiplier=mult,
             jitter=jitter,
-            idempotency_key=req.idempotency_key,
+            idempotency_key=key,
         ),
+        default_attempts=req.max_attempts == 0,
+        default_retry=not req.HasField("retry"),
     )
 
 
@@ -234,6 +261,7 @@ class ConsumeInput:
     lease_ms: int
     max_batch: int
     release_grace_ms: int
+    default_lease: bool = False  # no lease_duration given: a queue's default may apply
 
 
 def consume(req: service_pb2.ConsumeRequest, cfg: Config) -> ConsumeInput:
@@ -259,7 +287,15 @@ def consume(req: service_pb2.ConsumeRequest, cfg: Config) -> ConsumeInput:
     if req.HasField("release_grace"):
         # Bounded by the lease: a longer grace would outlive the lease it protects.
         grace = duration_ms("release_grace", req.release_grace, lo=0, hi=lease)
-    return ConsumeInput(ns, queues, req.max_outstanding, lease, max_batch, grace)
+    return ConsumeInput(
+        ns,
+        queues,
+        req.max_outstanding,
+        lease,
+        max_batch,
+        grace,
+        default_lease=not req.HasField("lease_duration"),
+    )
 
 
 def token(field: str, value: str) -> ids.LeaseToken:

@@ -15,7 +15,8 @@ import pytest
 import redis.exceptions
 from redis.asyncio.cluster import RedisCluster
 
-from delayq_server.store import LeaseRef, ShardKeys, Store, scripts
+from delayq_server.store import JobState, LeaseRef, ShardKeys, Store, scripts
+from delayq_server.store.jobs_admin import JobAdmin
 from tests.support.cluster import ManagedCluster
 from tests.support.seed import T0, Shard, spec
 
@@ -39,6 +40,7 @@ async def cluster_store(redis_server: ManagedCluster) -> AsyncIterator[tuple[Sto
 
 async def test_every_script_runs_on_the_cluster(cluster_store: tuple[Store, set[str]]) -> None:
     store, used = cluster_store
+    admin = JobAdmin(store)
     for shard_no in range(3):  # three tags: most likely three different nodes
         shard = Shard(store, ShardKeys("ns", "slots", shard_no))
         k, now = shard.keys, T0
@@ -63,6 +65,18 @@ async def test_every_script_runs_on_the_cluster(cluster_store: tuple[Store, set[
         assert (await store.delete(k, later))[0] > 0
         assert await store.own([k], "replica-a", 3000) == [True]
         assert await store.own([k], "replica-b", 3000) == [False]
+        # Queue administration (issue 14).
+        moved, _ = await store.enqueue(k, [spec(delay_ms=10_000)], now)
+        out = await admin.reschedule(
+            k, moved[0].job_id, delay_ms=20_000, due_ms=None, force=False, now_ms=now
+        )
+        assert out.due_ms == now + 20_000
+        await admin.update(k, moved[0].job_id, payload=b"new", headers={"h": "v"})
+        assert (await admin.purge(k, JobState.SCHEDULED))[0] >= 1
+        await admin.retain(k, 1000, 1, now_ms=now + 60_000)
+    await store.queues.set_paused("ns", "slots", 3, True)
+    await store.queues.set_paused("ns", "slots", 3, False)
+    assert await store.queues.drop("ns", "empty", 3) is None  # three empty shards
     assert "replica-a" in await store.heartbeat("replica-a", 3000)  # a global key
     assert used == set(scripts.NAMES), set(scripts.NAMES) - used
 

@@ -175,3 +175,33 @@ def test_abusive_pings_are_cut(redis_url: str) -> None:
             next(iter(call))
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE
         assert "ping" in (info.value.details() or "").lower()
+
+
+def test_unary_enqueue_takes_rate_tokens_in_chunks(redis_url: str, ns: str) -> None:
+    """A unary Enqueue makes one Redis call: the rate quota's tokens come from a local
+    allowance refilled a chunk at a time (quotas.py), yet the rate still holds."""
+    rdb = redis.Redis.from_url(redis_url)
+    rdb.config_set("notify-keyspace-events", "Kh")  # every HSET of a hash is published
+    sub = rdb.pubsub()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
+    sub.subscribe(f"__keyspace@0__:dq:{{ns:{ns}}}:rate")
+    assert sub.get_message(timeout=5) is not None  # the subscribe confirmation
+    # rate 100/s, burst 200: chunks of min(200 / 20, 100 * 0.05) = 5 tokens.
+    args = ["--quota-enqueue-rate", "100", "--quota-enqueue-burst", "200"]
+    try:
+        with DelayqProcess(redis_url, args) as proc, grpc.insecure_channel(proc.address) as ch:
+            stub = service_pb2_grpc.DelayQueueServiceStub(ch)
+            outcomes = [_enqueue(stub, ns) for _ in range(300)]
+        admitted = sum(1 for e in outcomes if e is None)
+        refused = [e for e in outcomes if e is not None]
+        bucket_writes = 0
+        while sub.get_message(timeout=0.5) is not None:
+            bucket_writes += 1
+    finally:
+        sub.close()
+        rdb.config_set("notify-keyspace-events", "")
+        rdb.close()
+    # Without chunks every call writes the bucket (300 writes); with them about one
+    # write per 5 admitted jobs, plus one per refused call (refusals take exactly).
+    assert bucket_writes <= admitted / 5 + len(refused) + 5
+    assert refused and all(e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED for e in refused)
+    assert admitted >= 200  # the whole burst was usable

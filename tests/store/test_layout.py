@@ -20,7 +20,7 @@ async def _v1_queue(aredis: aioredis.Redis, queue: str) -> ShardKeys:
 async def test_v1_backlog_refuses_the_start(aredis: aioredis.Redis) -> None:
     keys = await _v1_queue(aredis, "old")
     await aredis.zadd(keys.v1_index, {"1800000000": T0})
-    with pytest.raises(layout.LayoutV1Data, match="default/old shard 0 .* drain it"):
+    with pytest.raises(layout.LayoutV1Data, match=r"default/old shard 0 .* drain it"):
         await layout.check(aredis)
 
 

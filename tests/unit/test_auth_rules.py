@@ -30,8 +30,13 @@ def test_roles_follow_the_issue() -> None:
         "Consume", "Ack", "Nack", "ExtendLease", "Release"
     }  # fmt: skip
     assert {m.rsplit("/", 1)[1] for m, r in RULES.items() if r.role == READ} == {
-        "Query", "GetQueueStats", "ListDeadJobs"
+        "Query", "GetQueueStats", "ListDeadJobs", "ListQueues", "GetQueue", "ListJobs"
     }  # fmt: skip
+    # Queue administration (issue 14): every change needs admin.
+    a = "/delayq.v1.AdminService/"
+    for rpc in ("CreateQueue", "UpdateQueue", "DeleteQueue", "PauseQueue", "ResumeQueue",
+                "PurgeQueue", "RescheduleJob", "UpdateJob", "RedriveDeadLetters"):  # fmt: skip
+        assert RULES[a + rpc].role == ADMIN
     assert RULES[q + "Delete"].role == ADMIN and RULES[q + "PurgeDeadJobs"].role == ADMIN
     assert rule_for("/grpc.health.v1.Health/Check") is None
     assert rule_for("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo") is None

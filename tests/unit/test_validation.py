@@ -107,3 +107,16 @@ def test_state_of_a_due_scheduled_record_reads_ready() -> None:
     )
     assert rec.state_at(999) is records.JobState.SCHEDULED
     assert rec.state_at(1000) is records.JobState.READY
+
+
+def test_job_id_encoding_is_base32hex_of_time_and_random() -> None:
+    """The table encoder gives exactly base64.b32hexencode's digits (ids stay sortable)."""
+    import base64
+    import random
+
+    rng = random.Random(7)
+    for _ in range(2000):
+        ms, rand = rng.getrandbits(48), rng.getrandbits(64)
+        raw = ms.to_bytes(6, "big") + rand.to_bytes(8, "big")
+        want = base64.b32hexencode(raw).decode().rstrip("=").lower()
+        assert ids.encode_id(ms, rand) == want

@@ -10,6 +10,7 @@ import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	durationpb "google.golang.org/protobuf/types/known/durationpb"
+	fieldmaskpb "google.golang.org/protobuf/types/known/fieldmaskpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -480,11 +481,1686 @@ func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
 	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{6}
 }
 
+// QueueSettings are a queue's own settings; a zero or unset field means the
+// server default (its flag), so a queue follows later changes of the flag.
+type QueueSettings struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Shards (unit of atomicity and of spreading over a cluster), 1 to 1024.
+	// Fixed at creation; 0: the server's --shards-per-queue.
+	Shards uint32 `protobuf:"varint,1,opt,name=shards,proto3" json:"shards,omitempty"`
+	// Lease of a delivery when a Consume stream gives none, 1 s to 12 h.
+	DefaultLease *durationpb.Duration `protobuf:"bytes,2,opt,name=default_lease,json=defaultLease,proto3" json:"default_lease,omitempty"`
+	// Deliveries allowed when an Enqueue gives none, 1 to 1000.
+	MaxAttempts uint32 `protobuf:"varint,3,opt,name=max_attempts,json=maxAttempts,proto3" json:"max_attempts,omitempty"`
+	// Backoff when an Enqueue gives no retry policy.
+	Retry *RetryPolicy `protobuf:"bytes,4,opt,name=retry,proto3" json:"retry,omitempty"`
+	// How long acked jobs stay visible as COMPLETED tombstones, 0 to 366 days.
+	CompletedRetention *durationpb.Duration `protobuf:"bytes,5,opt,name=completed_retention,json=completedRetention,proto3" json:"completed_retention,omitempty"`
+	// Dead jobs older than this are deleted by the janitor, 1 s to 3660 days.
+	DeadRetention *durationpb.Duration `protobuf:"bytes,6,opt,name=dead_retention,json=deadRetention,proto3" json:"dead_retention,omitempty"`
+	// At most this many dead jobs are kept (oldest deleted first), 1 to 100000000.
+	DeadMaxJobs   uint64 `protobuf:"varint,7,opt,name=dead_max_jobs,json=deadMaxJobs,proto3" json:"dead_max_jobs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *QueueSettings) Reset() {
+	*x = QueueSettings{}
+	mi := &file_delayq_v1_admin_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QueueSettings) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QueueSettings) ProtoMessage() {}
+
+func (x *QueueSettings) ProtoReflect() protoreflect.Message {
+	mi := &file_delayq_v1_admin_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QueueSettings.ProtoReflect.Descriptor instead.
+func (*QueueSettings) Descriptor() ([]byte, []int) {
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *QueueSettings) GetShards() uint32 {
+	if x != nil {
+		return x.Shards
+	}
+	return 0
+}
+
+func (x *QueueSettings) GetDefaultLease() *durationpb.Duration {
+	if x != nil {
+		return x.DefaultLease
+	}
+	return nil
+}
+
+func (x *QueueSettings) GetMaxAttempts() uint32 {
+	if x != nil {
+		return x.MaxAttempts
+	}
+	return 0
+}
+
+func (x *QueueSettings) GetRetry() *RetryPolicy {
+	if x != nil {
+		return x.Retry
+	}
+	return nil
+}
+
+func (x *QueueSettings) GetCompletedRetention() *durationpb.Duration {
+	if x != nil {
+		return x.CompletedRetention
+	}
+	return nil
+}
+
+func (x *QueueSettings) GetDeadRetention() *durationpb.Duration {
+	if x != nil {
+		return x.DeadRetention
+	}
+	return nil
+}
+
+func (x *QueueSettings) GetDeadMaxJobs() uint64 {
+	if x != nil {
+		return x.DeadMaxJobs
+	}
+	return 0
+}
+
+// Queue is one queue as the administration sees it.
+type Queue struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Namespace of the queue.
+	Namespace string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// Queue name.
+	Queue string `protobuf:"bytes,2,opt,name=queue,proto3" json:"queue,omitempty"`
+	// Its settings (unset fields: the server default).
+	Settings *QueueSettings `protobuf:"bytes,3,opt,name=settings,proto3" json:"settings,omitempty"`
+	// Counts per state and lifetime counters.
+	Stats *QueueStats `protobuf:"bytes,4,opt,name=stats,proto3" json:"stats,omitempty"`
+	// Deliveries are paused (PauseQueue).
+	Paused        bool `protobuf:"varint,5,opt,name=paused,proto3" json:"paused,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Queue) Reset() {
+	*x = Queue{}
+	mi := &file_delayq_v1_admin_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Queue) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Queue) ProtoMessage() {}
+
+func (x *Queue) ProtoReflect() protoreflect.Message {
+	mi := &file_delayq_v1_admin_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Queue.ProtoReflect.Descriptor instead.
+func (*Queue) Descriptor() ([]byte, []int) {
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *Queue) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *Queue) GetQueue() string {
+	if x != nil {
+		return x.Queue
+	}
+	return ""
+}
+
+func (x *Queue) GetSettings() *QueueSettings {
+	if x != nil {
+		return x.Settings
+	}
+	return nil
+}
+
+func (x *Queue) GetStats() *QueueStats {
+	if x != nil {
+		return x.Stats
+	}
+	return nil
+}
+
+func (x *Queue) GetPaused() bool {
+	if x != nil {
+		return x.Paused
+	}
+	return false
+}
+
+// ListQueuesRequest pages through queues.
+type ListQueuesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only this namespace; empty: every namespace the caller may read.
+	Namespace string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// Most queues to return, 1 to 500. 0: 100.
+	PageSize uint32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// From a previous response's next_page_token; empty for the first page.
+	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListQueuesRequest) Reset() {
+	*x = ListQueuesRequest{}
+	mi := &file_delayq_v1_admin_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListQueuesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListQueuesRequest) ProtoMessage() {}
+
+func (x *ListQueuesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_delayq_v1_admin_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListQueuesRequest.ProtoReflect.Descriptor instead.
+func (*ListQueuesRequest) Descriptor() ([]byte, []int) {
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *ListQueuesRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *ListQueuesRequest) GetPageSize() uint32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListQueuesRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// ListQueuesResponse is one page of queues.
+type ListQueuesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The queues, by namespace then name.
+	Queues []*Queue `protobuf:"bytes,1,rep,name=queues,proto3" json:"queues,omitempty"`
+	// Token for the next page; empty at the end.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListQueuesResponse) Reset() {
+	*x = ListQueuesResponse{}
+	mi := &file_delayq_v1_admin_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListQueuesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListQueuesResponse) ProtoMessage() {}
+
+func (x *ListQueuesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_delayq_v1_admin_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListQueuesResponse.ProtoReflect.Descriptor instead.
+func (*ListQueuesResponse) Descriptor() ([]byte, []int) {
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ListQueuesResponse) GetQueues() []*Queue {
+	if x != nil {
+		return x.Queues
+	}
+	return nil
+}
+
+func (x *ListQueuesResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+// CreateQueueRequest names the queue and its settings.
+type CreateQueueRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Namespace; empty means "default".
+	Namespace string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// Queue name.
+	Queue string `protobuf:"bytes,2,opt,name=queue,proto3" json:"queue,omitempty"`
+	// Settings; unset fields take the server defaults.
+	Settings      *QueueSettings `protobuf:"bytes,3,opt,name=settings,proto3" json:"settings,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateQueueRequest) Reset() {
+	*x = CreateQueueRequest{}
+	mi := &file_delayq_v1_admin_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateQueueRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateQueueRequest) ProtoMessage() {}
+
+func (x *CreateQueueRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_delayq_v1_admin_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateQueueRequest.ProtoReflect.Descriptor instead.
+func (*CreateQueueRequest) Descriptor() ([]byte, []int) {
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *CreateQueueRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *CreateQueueRequest) GetQueue() string {
+	if x != nil {
+		return x.Queue
+	}
+	return ""
+}
+
+func (x *CreateQueueRequest) GetSettings() *QueueSettings {
+	if x != nil {
+		return x.Settings
+	}
+	return nil
+}
+
+// CreateQueueResponse holds the new queue.
+type CreateQueueResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The queue as stored.
+	Queue         *Queue `protobuf:"bytes,1,opt,name=queue,proto3" json:"queue,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateQueueResponse) Reset() {
+	*x = CreateQueueResponse{}
+	mi := &file_delayq_v1_admin_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateQueueResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateQueueResponse) ProtoMessage() {}
+
+func (x *CreateQueueResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_delayq_v1_admin_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateQueueResponse.ProtoReflect.Descriptor instead.
+func (*CreateQueueResponse) Descriptor() ([]byte, []int) {
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *CreateQueueResponse) GetQueue() *Queue {
+	if x != nil {
+		return x.Queue
+	}
+	return nil
+}
+
+// GetQueueRequest names one queue.
+type GetQueueRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Namespace; empty means "default".
+	Namespace string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// Queue name.
+	Queue         string `protobuf:"bytes,2,opt,name=queue,proto3" json:"queue,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetQueueRequest) Reset() {
+	*x = GetQueueRequest{}
+	mi := &file_delayq_v1_admin_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetQueueRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetQueueRequest) ProtoMessage() {}
+
+func (x *GetQueueRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_delayq_v1_admin_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetQueueRequest.ProtoReflect.Descriptor instead.
+func (*GetQueueRequest) Descriptor() ([]byte, []int) {
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *GetQueueRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *GetQueueRequest) GetQueue() string {
+	if x != nil {
+		return x.Queue
+	}
+	return ""
+}
+
+// GetQueueResponse holds the queue.
+type GetQueueResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The queue.
+	Queue         *Queue `protobuf:"bytes,1,opt,name=queue,proto3" json:"queue,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetQueueResponse) Reset() {
+	*x = GetQueueResponse{}
+	mi := &file_delayq_v1_admin_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetQueueResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetQueueResponse) ProtoMessage() {}
+
+func (x *GetQueueResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_delayq_v1_admin_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetQueueResponse.ProtoReflect.Descriptor instead.
+func (*GetQueueResponse) Descriptor() ([]byte, []int) {
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *GetQueueResponse) GetQueue() *Queue {
+	if x != nil {
+		return x.Queue
+	}
+	return nil
+}
+
+// UpdateQueueRequest changes some settings.
+type UpdateQueueRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Namespace; empty means "default".
+	Namespace string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// Queue name.
+	Queue string `protobuf:"bytes,2,opt,name=queue,proto3" json:"queue,omitempty"`
+	// New values of the fields named in update_mask.
+	Settings *QueueSettings `protobuf:"bytes,3,opt,name=settings,proto3" json:"settings,omitempty"`
+	// QueueSettings fields to change (default_lease, max_attempts, retry,
+	// completed_retention, dead_retention, dead_max_jobs); at least one. A named
+	// field left unset goes back to the server default.
+	UpdateMask    *fieldmaskpb.FieldMask `protobuf:"bytes,4,opt,name=update_mask,json=updateMask,proto3" json:"update_mask,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateQueueRequest) Reset() {
+	*x = UpdateQueueRequest{}
+	mi := &file_delayq_v1_admin_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateQueueRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateQueueRequest) ProtoMessage() {}
+
+func (x *UpdateQueueRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_delayq_v1_admin_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateQueueRequest.ProtoReflect.Descriptor instead.
+func (*UpdateQueueRequest) Descriptor() ([]byte, []int) {
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *UpdateQueueRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *UpdateQueueRequest) GetQueue() string {
+	if x != nil {
+		return x.Queue
+	}
+	return ""
+}
+
+func (x *UpdateQueueRequest) GetSettings() *QueueSettings {
+	if x != nil {
+		return x.Settings
+	}
+	return nil
+}
+
+func (x *UpdateQueueRequest) GetUpdateMask() *fieldmaskpb.FieldMask {
+	if x != nil {
+		return x.UpdateMask
+	}
+	return nil
+}
+
+// UpdateQueueResponse holds the updated queue.
+type UpdateQueueResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The queue after the change.
+	Queue         *Queue `protobuf:"bytes,1,opt,name=queue,proto3" json:"queue,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateQueueResponse) Reset() {
+	*x = UpdateQueueResponse{}
+	mi := &file_delayq_v1_admin_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateQueueResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateQueueResponse) ProtoMessage() {}
+
+func (x *UpdateQueueResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_delayq_v1_admin_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateQueueResponse.ProtoReflect.Descriptor instead.
+func (*UpdateQueueResponse) Descriptor() ([]byte, []int) {
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *UpdateQueueResponse) GetQueue() *Queue {
+	if x != nil {
+		return x.Queue
+	}
+	return nil
+}
+
+// DeleteQueueRequest names one queue.
+type DeleteQueueRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Namespace; empty means "default".
+	Namespace string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// Queue name.
+	Queue         string `protobuf:"bytes,2,opt,name=queue,proto3" json:"queue,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteQueueRequest) Reset() {
+	*x = DeleteQueueRequest{}
+	mi := &file_delayq_v1_admin_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteQueueRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteQueueRequest) ProtoMessage() {}
+
+func (x *DeleteQueueRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_delayq_v1_admin_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteQueueRequest.ProtoReflect.Descriptor instead.
+func (*DeleteQueueRequest) Descriptor() ([]byte, []int) {
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *DeleteQueueRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *DeleteQueueRequest) GetQueue() string {
+	if x != nil {
+		return x.Queue
+	}
+	return ""
+}
+
+// DeleteQueueResponse is empty: the queue is gone.
+type DeleteQueueResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteQueueResponse) Reset() {
+	*x = DeleteQueueResponse{}
+	mi := &file_delayq_v1_admin_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteQueueResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteQueueResponse) ProtoMessage() {}
+
+func (x *DeleteQueueResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_delayq_v1_admin_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteQueueResponse.ProtoReflect.Descriptor instead.
+func (*DeleteQueueResponse) Descriptor() ([]byte, []int) {
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{18}
+}
+
+// PauseQueueRequest names one queue.
+type PauseQueueRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Namespace; empty means "default".
+	Namespace string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// Queue name.
+	Queue         string `protobuf:"bytes,2,opt,name=queue,proto3" json:"queue,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseQueueRequest) Reset() {
+	*x = PauseQueueRequest{}
+	mi := &file_delayq_v1_admin_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseQueueRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseQueueRequest) ProtoMessage() {}
+
+func (x *PauseQueueRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_delayq_v1_admin_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseQueueRequest.ProtoReflect.Descriptor instead.
+func (*PauseQueueRequest) Descriptor() ([]byte, []int) {
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *PauseQueueRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *PauseQueueRequest) GetQueue() string {
+	if x != nil {
+		return x.Queue
+	}
+	return ""
+}
+
+// PauseQueueResponse holds the paused queue.
+type PauseQueueResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The queue (paused set).
+	Queue         *Queue `protobuf:"bytes,1,opt,name=queue,proto3" json:"queue,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseQueueResponse) Reset() {
+	*x = PauseQueueResponse{}
+	mi := &file_delayq_v1_admin_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseQueueResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseQueueResponse) ProtoMessage() {}
+
+func (x *PauseQueueResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_delayq_v1_admin_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseQueueResponse.ProtoReflect.Descriptor instead.
+func (*PauseQueueResponse) Descriptor() ([]byte, []int) {
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *PauseQueueResponse) GetQueue() *Queue {
+	if x != nil {
+		return x.Queue
+	}
+	return nil
+}
+
+// ResumeQueueRequest names one queue.
+type ResumeQueueRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Namespace; empty means "default".
+	Namespace string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// Queue name.
+	Queue         string `protobuf:"bytes,2,opt,name=queue,proto3" json:"queue,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeQueueRequest) Reset() {
+	*x = ResumeQueueRequest{}
+	mi := &file_delayq_v1_admin_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeQueueRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeQueueRequest) ProtoMessage() {}
+
+func (x *ResumeQueueRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_delayq_v1_admin_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeQueueRequest.ProtoReflect.Descriptor instead.
+func (*ResumeQueueRequest) Descriptor() ([]byte, []int) {
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *ResumeQueueRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *ResumeQueueRequest) GetQueue() string {
+	if x != nil {
+		return x.Queue
+	}
+	return ""
+}
+
+// ResumeQueueResponse holds the resumed queue.
+type ResumeQueueResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The queue (paused cleared).
+	Queue         *Queue `protobuf:"bytes,1,opt,name=queue,proto3" json:"queue,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeQueueResponse) Reset() {
+	*x = ResumeQueueResponse{}
+	mi := &file_delayq_v1_admin_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeQueueResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeQueueResponse) ProtoMessage() {}
+
+func (x *ResumeQueueResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_delayq_v1_admin_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeQueueResponse.ProtoReflect.Descriptor instead.
+func (*ResumeQueueResponse) Descriptor() ([]byte, []int) {
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ResumeQueueResponse) GetQueue() *Queue {
+	if x != nil {
+		return x.Queue
+	}
+	return nil
+}
+
+// PurgeQueueRequest says what to delete in this step.
+type PurgeQueueRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Namespace; empty means "default".
+	Namespace string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// Queue name.
+	Queue string `protobuf:"bytes,2,opt,name=queue,proto3" json:"queue,omitempty"`
+	// Only jobs in this state; JOB_STATE_UNSPECIFIED: every state.
+	State JobState `protobuf:"varint,3,opt,name=state,proto3,enum=delayq.v1.JobState" json:"state,omitempty"`
+	// Most jobs to delete in this call, 1 to 10000. 0: 1000.
+	Limit         uint32 `protobuf:"varint,4,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PurgeQueueRequest) Reset() {
+	*x = PurgeQueueRequest{}
+	mi := &file_delayq_v1_admin_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PurgeQueueRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PurgeQueueRequest) ProtoMessage() {}
+
+func (x *PurgeQueueRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_delayq_v1_admin_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PurgeQueueRequest.ProtoReflect.Descriptor instead.
+func (*PurgeQueueRequest) Descriptor() ([]byte, []int) {
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *PurgeQueueRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *PurgeQueueRequest) GetQueue() string {
+	if x != nil {
+		return x.Queue
+	}
+	return ""
+}
+
+func (x *PurgeQueueRequest) GetState() JobState {
+	if x != nil {
+		return x.State
+	}
+	return JobState_JOB_STATE_UNSPECIFIED
+}
+
+func (x *PurgeQueueRequest) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+// PurgeQueueResponse is the progress of a purge.
+type PurgeQueueResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Jobs deleted by this call.
+	Purged uint64 `protobuf:"varint,1,opt,name=purged,proto3" json:"purged,omitempty"`
+	// Jobs left in the purged state(s); 0 when the purge is complete.
+	Remaining     uint64 `protobuf:"varint,2,opt,name=remaining,proto3" json:"remaining,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PurgeQueueResponse) Reset() {
+	*x = PurgeQueueResponse{}
+	mi := &file_delayq_v1_admin_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PurgeQueueResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PurgeQueueResponse) ProtoMessage() {}
+
+func (x *PurgeQueueResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_delayq_v1_admin_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PurgeQueueResponse.ProtoReflect.Descriptor instead.
+func (*PurgeQueueResponse) Descriptor() ([]byte, []int) {
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *PurgeQueueResponse) GetPurged() uint64 {
+	if x != nil {
+		return x.Purged
+	}
+	return 0
+}
+
+func (x *PurgeQueueResponse) GetRemaining() uint64 {
+	if x != nil {
+		return x.Remaining
+	}
+	return 0
+}
+
+// ListJobsRequest picks a state, a range and a page.
+type ListJobsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Namespace; empty means "default".
+	Namespace string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// Queue name.
+	Queue string `protobuf:"bytes,2,opt,name=queue,proto3" json:"queue,omitempty"`
+	// State to list (required). Order: SCHEDULED by due time, READY oldest first,
+	// LEASED by lease deadline, DEAD by time of death, COMPLETED by completion.
+	State JobState `protobuf:"varint,3,opt,name=state,proto3,enum=delayq.v1.JobState" json:"state,omitempty"`
+	// Only jobs whose ordering time (see `state`) is at or after this; unset: no bound.
+	FromTime *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=from_time,json=fromTime,proto3" json:"from_time,omitempty"`
+	// Only jobs whose ordering time is before this; unset: no bound.
+	ToTime *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=to_time,json=toTime,proto3" json:"to_time,omitempty"`
+	// Most jobs to return, 1 to 500. 0: 50.
+	PageSize uint32 `protobuf:"varint,6,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// From a previous response's next_page_token (same state and range).
+	PageToken string `protobuf:"bytes,7,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// Payloads are cut to this many bytes (Query returns a whole job), 0 to 65536.
+	// 0: 256.
+	PayloadPreviewBytes uint32 `protobuf:"varint,8,opt,name=payload_preview_bytes,json=payloadPreviewBytes,proto3" json:"payload_preview_bytes,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *ListJobsRequest) Reset() {
+	*x = ListJobsRequest{}
+	mi := &file_delayq_v1_admin_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListJobsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListJobsRequest) ProtoMessage() {}
+
+func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_delayq_v1_admin_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListJobsRequest.ProtoReflect.Descriptor instead.
+func (*ListJobsRequest) Descriptor() ([]byte, []int) {
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *ListJobsRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *ListJobsRequest) GetQueue() string {
+	if x != nil {
+		return x.Queue
+	}
+	return ""
+}
+
+func (x *ListJobsRequest) GetState() JobState {
+	if x != nil {
+		return x.State
+	}
+	return JobState_JOB_STATE_UNSPECIFIED
+}
+
+func (x *ListJobsRequest) GetFromTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.FromTime
+	}
+	return nil
+}
+
+func (x *ListJobsRequest) GetToTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ToTime
+	}
+	return nil
+}
+
+func (x *ListJobsRequest) GetPageSize() uint32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListJobsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+func (x *ListJobsRequest) GetPayloadPreviewBytes() uint32 {
+	if x != nil {
+		return x.PayloadPreviewBytes
+	}
+	return 0
+}
+
+// ListJobsResponse is one page of jobs.
+type ListJobsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The jobs (payload cut to payload_preview_bytes).
+	Jobs []*Job `protobuf:"bytes,1,rep,name=jobs,proto3" json:"jobs,omitempty"`
+	// Token for the next page; empty at the end.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListJobsResponse) Reset() {
+	*x = ListJobsResponse{}
+	mi := &file_delayq_v1_admin_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListJobsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListJobsResponse) ProtoMessage() {}
+
+func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_delayq_v1_admin_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListJobsResponse.ProtoReflect.Descriptor instead.
+func (*ListJobsResponse) Descriptor() ([]byte, []int) {
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *ListJobsResponse) GetJobs() []*Job {
+	if x != nil {
+		return x.Jobs
+	}
+	return nil
+}
+
+func (x *ListJobsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+// RescheduleJobRequest names a job and its new due time.
+type RescheduleJobRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Namespace; empty means "default".
+	Namespace string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// Queue name.
+	Queue string `protobuf:"bytes,2,opt,name=queue,proto3" json:"queue,omitempty"`
+	// Job id.
+	JobId string `protobuf:"bytes,3,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	// New due time (required): one of the two.
+	//
+	// Types that are valid to be assigned to Schedule:
+	//
+	//	*RescheduleJobRequest_Delay
+	//	*RescheduleJobRequest_DueTime
+	Schedule isRescheduleJobRequest_Schedule `protobuf_oneof:"schedule"`
+	// Also take back a leased job (its lease becomes stale, the attempt counts).
+	Force         bool `protobuf:"varint,6,opt,name=force,proto3" json:"force,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RescheduleJobRequest) Reset() {
+	*x = RescheduleJobRequest{}
+	mi := &file_delayq_v1_admin_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RescheduleJobRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RescheduleJobRequest) ProtoMessage() {}
+
+func (x *RescheduleJobRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_delayq_v1_admin_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RescheduleJobRequest.ProtoReflect.Descriptor instead.
+func (*RescheduleJobRequest) Descriptor() ([]byte, []int) {
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *RescheduleJobRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *RescheduleJobRequest) GetQueue() string {
+	if x != nil {
+		return x.Queue
+	}
+	return ""
+}
+
+func (x *RescheduleJobRequest) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *RescheduleJobRequest) GetSchedule() isRescheduleJobRequest_Schedule {
+	if x != nil {
+		return x.Schedule
+	}
+	return nil
+}
+
+func (x *RescheduleJobRequest) GetDelay() *durationpb.Duration {
+	if x != nil {
+		if x, ok := x.Schedule.(*RescheduleJobRequest_Delay); ok {
+			return x.Delay
+		}
+	}
+	return nil
+}
+
+func (x *RescheduleJobRequest) GetDueTime() *timestamppb.Timestamp {
+	if x != nil {
+		if x, ok := x.Schedule.(*RescheduleJobRequest_DueTime); ok {
+			return x.DueTime
+		}
+	}
+	return nil
+}
+
+func (x *RescheduleJobRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
+}
+
+type isRescheduleJobRequest_Schedule interface {
+	isRescheduleJobRequest_Schedule()
+}
+
+type RescheduleJobRequest_Delay struct {
+	// Due this long after now (0 to 366 days).
+	Delay *durationpb.Duration `protobuf:"bytes,4,opt,name=delay,proto3,oneof"`
+}
+
+type RescheduleJobRequest_DueTime struct {
+	// Due at this instant (server clock); a past instant means now.
+	DueTime *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=due_time,json=dueTime,proto3,oneof"`
+}
+
+func (*RescheduleJobRequest_Delay) isRescheduleJobRequest_Schedule() {}
+
+func (*RescheduleJobRequest_DueTime) isRescheduleJobRequest_Schedule() {}
+
+// RescheduleJobResponse holds the job after the move.
+type RescheduleJobResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The job (SCHEDULED, or READY when due now).
+	Job           *Job `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RescheduleJobResponse) Reset() {
+	*x = RescheduleJobResponse{}
+	mi := &file_delayq_v1_admin_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RescheduleJobResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RescheduleJobResponse) ProtoMessage() {}
+
+func (x *RescheduleJobResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_delayq_v1_admin_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RescheduleJobResponse.ProtoReflect.Descriptor instead.
+func (*RescheduleJobResponse) Descriptor() ([]byte, []int) {
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *RescheduleJobResponse) GetJob() *Job {
+	if x != nil {
+		return x.Job
+	}
+	return nil
+}
+
+// UpdateJobRequest replaces parts of a waiting job.
+type UpdateJobRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Namespace; empty means "default".
+	Namespace string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// Queue name.
+	Queue string `protobuf:"bytes,2,opt,name=queue,proto3" json:"queue,omitempty"`
+	// Job id.
+	JobId string `protobuf:"bytes,3,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	// New payload (1 byte to the server's limit) when update_mask names "payload".
+	Payload []byte `protobuf:"bytes,4,opt,name=payload,proto3" json:"payload,omitempty"`
+	// New headers (replacing all of them) when update_mask names "headers".
+	Headers map[string]string `protobuf:"bytes,5,rep,name=headers,proto3" json:"headers,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// "payload" and/or "headers".
+	UpdateMask    *fieldmaskpb.FieldMask `protobuf:"bytes,6,opt,name=update_mask,json=updateMask,proto3" json:"update_mask,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateJobRequest) Reset() {
+	*x = UpdateJobRequest{}
+	mi := &file_delayq_v1_admin_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateJobRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateJobRequest) ProtoMessage() {}
+
+func (x *UpdateJobRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_delayq_v1_admin_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateJobRequest.ProtoReflect.Descriptor instead.
+func (*UpdateJobRequest) Descriptor() ([]byte, []int) {
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *UpdateJobRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *UpdateJobRequest) GetQueue() string {
+	if x != nil {
+		return x.Queue
+	}
+	return ""
+}
+
+func (x *UpdateJobRequest) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *UpdateJobRequest) GetPayload() []byte {
+	if x != nil {
+		return x.Payload
+	}
+	return nil
+}
+
+func (x *UpdateJobRequest) GetHeaders() map[string]string {
+	if x != nil {
+		return x.Headers
+	}
+	return nil
+}
+
+func (x *UpdateJobRequest) GetUpdateMask() *fieldmaskpb.FieldMask {
+	if x != nil {
+		return x.UpdateMask
+	}
+	return nil
+}
+
+// UpdateJobResponse holds the job after the change.
+type UpdateJobResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The updated job.
+	Job           *Job `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateJobResponse) Reset() {
+	*x = UpdateJobResponse{}
+	mi := &file_delayq_v1_admin_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateJobResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateJobResponse) ProtoMessage() {}
+
+func (x *UpdateJobResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_delayq_v1_admin_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateJobResponse.ProtoReflect.Descriptor instead.
+func (*UpdateJobResponse) Descriptor() ([]byte, []int) {
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *UpdateJobResponse) GetJob() *Job {
+	if x != nil {
+		return x.Job
+	}
+	return nil
+}
+
+// RedriveDeadLettersRequest picks dead jobs and where they go.
+type RedriveDeadLettersRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Namespace; empty means "default".
+	Namespace string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// Queue whose dead jobs are moved.
+	Queue string `protobuf:"bytes,2,opt,name=queue,proto3" json:"queue,omitempty"`
+	// Queue (same namespace) they go to; empty: the same queue. It must exist.
+	TargetQueue string `protobuf:"bytes,3,opt,name=target_queue,json=targetQueue,proto3" json:"target_queue,omitempty"`
+	// Only these jobs; empty: the oldest dead jobs, up to `limit`.
+	JobIds []string `protobuf:"bytes,4,rep,name=job_ids,json=jobIds,proto3" json:"job_ids,omitempty"`
+	// Most jobs to move in this call, 1 to 10000. 0: 1000.
+	Limit uint32 `protobuf:"varint,5,opt,name=limit,proto3" json:"limit,omitempty"`
+	// Most jobs per second (the call takes longer instead), 0 to 100000. 0: no limit.
+	Rate          uint32 `protobuf:"varint,6,opt,name=rate,proto3" json:"rate,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RedriveDeadLettersRequest) Reset() {
+	*x = RedriveDeadLettersRequest{}
+	mi := &file_delayq_v1_admin_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RedriveDeadLettersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RedriveDeadLettersRequest) ProtoMessage() {}
+
+func (x *RedriveDeadLettersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_delayq_v1_admin_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RedriveDeadLettersRequest.ProtoReflect.Descriptor instead.
+func (*RedriveDeadLettersRequest) Descriptor() ([]byte, []int) {
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *RedriveDeadLettersRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *RedriveDeadLettersRequest) GetQueue() string {
+	if x != nil {
+		return x.Queue
+	}
+	return ""
+}
+
+func (x *RedriveDeadLettersRequest) GetTargetQueue() string {
+	if x != nil {
+		return x.TargetQueue
+	}
+	return ""
+}
+
+func (x *RedriveDeadLettersRequest) GetJobIds() []string {
+	if x != nil {
+		return x.JobIds
+	}
+	return nil
+}
+
+func (x *RedriveDeadLettersRequest) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *RedriveDeadLettersRequest) GetRate() uint32 {
+	if x != nil {
+		return x.Rate
+	}
+	return 0
+}
+
+// RedriveDeadLettersResponse is the progress of a redrive.
+type RedriveDeadLettersResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Jobs moved by this call.
+	Redriven uint64 `protobuf:"varint,1,opt,name=redriven,proto3" json:"redriven,omitempty"`
+	// Dead jobs left in the source queue.
+	Remaining     uint64 `protobuf:"varint,2,opt,name=remaining,proto3" json:"remaining,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RedriveDeadLettersResponse) Reset() {
+	*x = RedriveDeadLettersResponse{}
+	mi := &file_delayq_v1_admin_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RedriveDeadLettersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RedriveDeadLettersResponse) ProtoMessage() {}
+
+func (x *RedriveDeadLettersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_delayq_v1_admin_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RedriveDeadLettersResponse.ProtoReflect.Descriptor instead.
+func (*RedriveDeadLettersResponse) Descriptor() ([]byte, []int) {
+	return file_delayq_v1_admin_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *RedriveDeadLettersResponse) GetRedriven() uint64 {
+	if x != nil {
+		return x.Redriven
+	}
+	return 0
+}
+
+func (x *RedriveDeadLettersResponse) GetRemaining() uint64 {
+	if x != nil {
+		return x.Remaining
+	}
+	return 0
+}
+
 var File_delayq_v1_admin_proto protoreflect.FileDescriptor
 
 const file_delayq_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x15delayq/v1/admin.proto\x12\tdelayq.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8c\x02\n" +
+	"\x15delayq/v1/admin.proto\x12\tdelayq.v1\x1a\x13delayq/v1/job.proto\x1a\x1egoogle/protobuf/duration.proto\x1a google/protobuf/field_mask.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8c\x02\n" +
 	"\tTokenInfo\x12\x19\n" +
 	"\btoken_id\x18\x01 \x01(\tR\atokenId\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12*\n" +
@@ -508,18 +2184,143 @@ const file_delayq_v1_admin_proto_rawDesc = "" +
 	"\x06tokens\x18\x01 \x03(\v2\x14.delayq.v1.TokenInfoR\x06tokens\"/\n" +
 	"\x12RevokeTokenRequest\x12\x19\n" +
 	"\btoken_id\x18\x01 \x01(\tR\atokenId\"\x15\n" +
-	"\x13RevokeTokenResponse*\x82\x01\n" +
+	"\x13RevokeTokenResponse\"\xea\x02\n" +
+	"\rQueueSettings\x12\x16\n" +
+	"\x06shards\x18\x01 \x01(\rR\x06shards\x12>\n" +
+	"\rdefault_lease\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\fdefaultLease\x12!\n" +
+	"\fmax_attempts\x18\x03 \x01(\rR\vmaxAttempts\x12,\n" +
+	"\x05retry\x18\x04 \x01(\v2\x16.delayq.v1.RetryPolicyR\x05retry\x12J\n" +
+	"\x13completed_retention\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x12completedRetention\x12@\n" +
+	"\x0edead_retention\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\rdeadRetention\x12\"\n" +
+	"\rdead_max_jobs\x18\a \x01(\x04R\vdeadMaxJobs\"\xb6\x01\n" +
+	"\x05Queue\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x14\n" +
+	"\x05queue\x18\x02 \x01(\tR\x05queue\x124\n" +
+	"\bsettings\x18\x03 \x01(\v2\x18.delayq.v1.QueueSettingsR\bsettings\x12+\n" +
+	"\x05stats\x18\x04 \x01(\v2\x15.delayq.v1.QueueStatsR\x05stats\x12\x16\n" +
+	"\x06paused\x18\x05 \x01(\bR\x06paused\"m\n" +
+	"\x11ListQueuesRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x1b\n" +
+	"\tpage_size\x18\x02 \x01(\rR\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\"f\n" +
+	"\x12ListQueuesResponse\x12(\n" +
+	"\x06queues\x18\x01 \x03(\v2\x10.delayq.v1.QueueR\x06queues\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"~\n" +
+	"\x12CreateQueueRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x14\n" +
+	"\x05queue\x18\x02 \x01(\tR\x05queue\x124\n" +
+	"\bsettings\x18\x03 \x01(\v2\x18.delayq.v1.QueueSettingsR\bsettings\"=\n" +
+	"\x13CreateQueueResponse\x12&\n" +
+	"\x05queue\x18\x01 \x01(\v2\x10.delayq.v1.QueueR\x05queue\"E\n" +
+	"\x0fGetQueueRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x14\n" +
+	"\x05queue\x18\x02 \x01(\tR\x05queue\":\n" +
+	"\x10GetQueueResponse\x12&\n" +
+	"\x05queue\x18\x01 \x01(\v2\x10.delayq.v1.QueueR\x05queue\"\xbb\x01\n" +
+	"\x12UpdateQueueRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x14\n" +
+	"\x05queue\x18\x02 \x01(\tR\x05queue\x124\n" +
+	"\bsettings\x18\x03 \x01(\v2\x18.delayq.v1.QueueSettingsR\bsettings\x12;\n" +
+	"\vupdate_mask\x18\x04 \x01(\v2\x1a.google.protobuf.FieldMaskR\n" +
+	"updateMask\"=\n" +
+	"\x13UpdateQueueResponse\x12&\n" +
+	"\x05queue\x18\x01 \x01(\v2\x10.delayq.v1.QueueR\x05queue\"H\n" +
+	"\x12DeleteQueueRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x14\n" +
+	"\x05queue\x18\x02 \x01(\tR\x05queue\"\x15\n" +
+	"\x13DeleteQueueResponse\"G\n" +
+	"\x11PauseQueueRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x14\n" +
+	"\x05queue\x18\x02 \x01(\tR\x05queue\"<\n" +
+	"\x12PauseQueueResponse\x12&\n" +
+	"\x05queue\x18\x01 \x01(\v2\x10.delayq.v1.QueueR\x05queue\"H\n" +
+	"\x12ResumeQueueRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x14\n" +
+	"\x05queue\x18\x02 \x01(\tR\x05queue\"=\n" +
+	"\x13ResumeQueueResponse\x12&\n" +
+	"\x05queue\x18\x01 \x01(\v2\x10.delayq.v1.QueueR\x05queue\"\x88\x01\n" +
+	"\x11PurgeQueueRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x14\n" +
+	"\x05queue\x18\x02 \x01(\tR\x05queue\x12)\n" +
+	"\x05state\x18\x03 \x01(\x0e2\x13.delayq.v1.JobStateR\x05state\x12\x14\n" +
+	"\x05limit\x18\x04 \x01(\rR\x05limit\"J\n" +
+	"\x12PurgeQueueResponse\x12\x16\n" +
+	"\x06purged\x18\x01 \x01(\x04R\x06purged\x12\x1c\n" +
+	"\tremaining\x18\x02 \x01(\x04R\tremaining\"\xce\x02\n" +
+	"\x0fListJobsRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x14\n" +
+	"\x05queue\x18\x02 \x01(\tR\x05queue\x12)\n" +
+	"\x05state\x18\x03 \x01(\x0e2\x13.delayq.v1.JobStateR\x05state\x127\n" +
+	"\tfrom_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\bfromTime\x123\n" +
+	"\ato_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x06toTime\x12\x1b\n" +
+	"\tpage_size\x18\x06 \x01(\rR\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\a \x01(\tR\tpageToken\x122\n" +
+	"\x15payload_preview_bytes\x18\b \x01(\rR\x13payloadPreviewBytes\"^\n" +
+	"\x10ListJobsResponse\x12\"\n" +
+	"\x04jobs\x18\x01 \x03(\v2\x0e.delayq.v1.JobR\x04jobs\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xef\x01\n" +
+	"\x14RescheduleJobRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x14\n" +
+	"\x05queue\x18\x02 \x01(\tR\x05queue\x12\x15\n" +
+	"\x06job_id\x18\x03 \x01(\tR\x05jobId\x121\n" +
+	"\x05delay\x18\x04 \x01(\v2\x19.google.protobuf.DurationH\x00R\x05delay\x127\n" +
+	"\bdue_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampH\x00R\adueTime\x12\x14\n" +
+	"\x05force\x18\x06 \x01(\bR\x05forceB\n" +
+	"\n" +
+	"\bschedule\"9\n" +
+	"\x15RescheduleJobResponse\x12 \n" +
+	"\x03job\x18\x01 \x01(\v2\x0e.delayq.v1.JobR\x03job\"\xb4\x02\n" +
+	"\x10UpdateJobRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x14\n" +
+	"\x05queue\x18\x02 \x01(\tR\x05queue\x12\x15\n" +
+	"\x06job_id\x18\x03 \x01(\tR\x05jobId\x12\x18\n" +
+	"\apayload\x18\x04 \x01(\fR\apayload\x12B\n" +
+	"\aheaders\x18\x05 \x03(\v2(.delayq.v1.UpdateJobRequest.HeadersEntryR\aheaders\x12;\n" +
+	"\vupdate_mask\x18\x06 \x01(\v2\x1a.google.protobuf.FieldMaskR\n" +
+	"updateMask\x1a:\n" +
+	"\fHeadersEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"5\n" +
+	"\x11UpdateJobResponse\x12 \n" +
+	"\x03job\x18\x01 \x01(\v2\x0e.delayq.v1.JobR\x03job\"\xb5\x01\n" +
+	"\x19RedriveDeadLettersRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x14\n" +
+	"\x05queue\x18\x02 \x01(\tR\x05queue\x12!\n" +
+	"\ftarget_queue\x18\x03 \x01(\tR\vtargetQueue\x12\x17\n" +
+	"\ajob_ids\x18\x04 \x03(\tR\x06jobIds\x12\x14\n" +
+	"\x05limit\x18\x05 \x01(\rR\x05limit\x12\x12\n" +
+	"\x04rate\x18\x06 \x01(\rR\x04rate\"V\n" +
+	"\x1aRedriveDeadLettersResponse\x12\x1a\n" +
+	"\bredriven\x18\x01 \x01(\x04R\bredriven\x12\x1c\n" +
+	"\tremaining\x18\x02 \x01(\x04R\tremaining*\x82\x01\n" +
 	"\tTokenRole\x12\x1a\n" +
 	"\x16TOKEN_ROLE_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12TOKEN_ROLE_PRODUCE\x10\x01\x12\x16\n" +
 	"\x12TOKEN_ROLE_CONSUME\x10\x02\x12\x13\n" +
 	"\x0fTOKEN_ROLE_READ\x10\x03\x12\x14\n" +
-	"\x10TOKEN_ROLE_ADMIN\x10\x042\xf5\x01\n" +
+	"\x10TOKEN_ROLE_ADMIN\x10\x042\x97\t\n" +
 	"\fAdminService\x12L\n" +
 	"\vCreateToken\x12\x1d.delayq.v1.CreateTokenRequest\x1a\x1e.delayq.v1.CreateTokenResponse\x12I\n" +
 	"\n" +
 	"ListTokens\x12\x1c.delayq.v1.ListTokensRequest\x1a\x1d.delayq.v1.ListTokensResponse\x12L\n" +
-	"\vRevokeToken\x12\x1d.delayq.v1.RevokeTokenRequest\x1a\x1e.delayq.v1.RevokeTokenResponseB7Z5github.com/delayq/delayq/clients/go/delayqv1;delayqv1b\x06proto3"
+	"\vRevokeToken\x12\x1d.delayq.v1.RevokeTokenRequest\x1a\x1e.delayq.v1.RevokeTokenResponse\x12I\n" +
+	"\n" +
+	"ListQueues\x12\x1c.delayq.v1.ListQueuesRequest\x1a\x1d.delayq.v1.ListQueuesResponse\x12L\n" +
+	"\vCreateQueue\x12\x1d.delayq.v1.CreateQueueRequest\x1a\x1e.delayq.v1.CreateQueueResponse\x12C\n" +
+	"\bGetQueue\x12\x1a.delayq.v1.GetQueueRequest\x1a\x1b.delayq.v1.GetQueueResponse\x12L\n" +
+	"\vUpdateQueue\x12\x1d.delayq.v1.UpdateQueueRequest\x1a\x1e.delayq.v1.UpdateQueueResponse\x12L\n" +
+	"\vDeleteQueue\x12\x1d.delayq.v1.DeleteQueueRequest\x1a\x1e.delayq.v1.DeleteQueueResponse\x12I\n" +
+	"\n" +
+	"PauseQueue\x12\x1c.delayq.v1.PauseQueueRequest\x1a\x1d.delayq.v1.PauseQueueResponse\x12L\n" +
+	"\vResumeQueue\x12\x1d.delayq.v1.ResumeQueueRequest\x1a\x1e.delayq.v1.ResumeQueueResponse\x12I\n" +
+	"\n" +
+	"PurgeQueue\x12\x1c.delayq.v1.PurgeQueueRequest\x1a\x1d.delayq.v1.PurgeQueueResponse\x12C\n" +
+	"\bListJobs\x12\x1a.delayq.v1.ListJobsRequest\x1a\x1b.delayq.v1.ListJobsResponse\x12R\n" +
+	"\rRescheduleJob\x12\x1f.delayq.v1.RescheduleJobRequest\x1a .delayq.v1.RescheduleJobResponse\x12F\n" +
+	"\tUpdateJob\x12\x1b.delayq.v1.UpdateJobRequest\x1a\x1c.delayq.v1.UpdateJobResponse\x12a\n" +
+	"\x12RedriveDeadLetters\x12$.delayq.v1.RedriveDeadLettersRequest\x1a%.delayq.v1.RedriveDeadLettersResponseB7Z5github.com/delayq/delayq/clients/go/delayqv1;delayqv1b\x06proto3"
 
 var (
 	file_delayq_v1_admin_proto_rawDescOnce sync.Once
@@ -534,38 +2335,120 @@ func file_delayq_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_delayq_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_delayq_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_delayq_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_delayq_v1_admin_proto_goTypes = []any{
-	(TokenRole)(0),                // 0: delayq.v1.TokenRole
-	(*TokenInfo)(nil),             // 1: delayq.v1.TokenInfo
-	(*CreateTokenRequest)(nil),    // 2: delayq.v1.CreateTokenRequest
-	(*CreateTokenResponse)(nil),   // 3: delayq.v1.CreateTokenResponse
-	(*ListTokensRequest)(nil),     // 4: delayq.v1.ListTokensRequest
-	(*ListTokensResponse)(nil),    // 5: delayq.v1.ListTokensResponse
-	(*RevokeTokenRequest)(nil),    // 6: delayq.v1.RevokeTokenRequest
-	(*RevokeTokenResponse)(nil),   // 7: delayq.v1.RevokeTokenResponse
-	(*timestamppb.Timestamp)(nil), // 8: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 9: google.protobuf.Duration
+	(TokenRole)(0),                     // 0: delayq.v1.TokenRole
+	(*TokenInfo)(nil),                  // 1: delayq.v1.TokenInfo
+	(*CreateTokenRequest)(nil),         // 2: delayq.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil),        // 3: delayq.v1.CreateTokenResponse
+	(*ListTokensRequest)(nil),          // 4: delayq.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),         // 5: delayq.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),         // 6: delayq.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil),        // 7: delayq.v1.RevokeTokenResponse
+	(*QueueSettings)(nil),              // 8: delayq.v1.QueueSettings
+	(*Queue)(nil),                      // 9: delayq.v1.Queue
+	(*ListQueuesRequest)(nil),          // 10: delayq.v1.ListQueuesRequest
+	(*ListQueuesResponse)(nil),         // 11: delayq.v1.ListQueuesResponse
+	(*CreateQueueRequest)(nil),         // 12: delayq.v1.CreateQueueRequest
+	(*CreateQueueResponse)(nil),        // 13: delayq.v1.CreateQueueResponse
+	(*GetQueueRequest)(nil),            // 14: delayq.v1.GetQueueRequest
+	(*GetQueueResponse)(nil),           // 15: delayq.v1.GetQueueResponse
+	(*UpdateQueueRequest)(nil),         // 16: delayq.v1.UpdateQueueRequest
+	(*UpdateQueueResponse)(nil),        // 17: delayq.v1.UpdateQueueResponse
+	(*DeleteQueueRequest)(nil),         // 18: delayq.v1.DeleteQueueRequest
+	(*DeleteQueueResponse)(nil),        // 19: delayq.v1.DeleteQueueResponse
+	(*PauseQueueRequest)(nil),          // 20: delayq.v1.PauseQueueRequest
+	(*PauseQueueResponse)(nil),         // 21: delayq.v1.PauseQueueResponse
+	(*ResumeQueueRequest)(nil),         // 22: delayq.v1.ResumeQueueRequest
+	(*ResumeQueueResponse)(nil),        // 23: delayq.v1.ResumeQueueResponse
+	(*PurgeQueueRequest)(nil),          // 24: delayq.v1.PurgeQueueRequest
+	(*PurgeQueueResponse)(nil),         // 25: delayq.v1.PurgeQueueResponse
+	(*ListJobsRequest)(nil),            // 26: delayq.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),           // 27: delayq.v1.ListJobsResponse
+	(*RescheduleJobRequest)(nil),       // 28: delayq.v1.RescheduleJobRequest
+	(*RescheduleJobResponse)(nil),      // 29: delayq.v1.RescheduleJobResponse
+	(*UpdateJobRequest)(nil),           // 30: delayq.v1.UpdateJobRequest
+	(*UpdateJobResponse)(nil),          // 31: delayq.v1.UpdateJobResponse
+	(*RedriveDeadLettersRequest)(nil),  // 32: delayq.v1.RedriveDeadLettersRequest
+	(*RedriveDeadLettersResponse)(nil), // 33: delayq.v1.RedriveDeadLettersResponse
+	nil,                                // 34: delayq.v1.UpdateJobRequest.HeadersEntry
+	(*timestamppb.Timestamp)(nil),      // 35: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),        // 36: google.protobuf.Duration
+	(*RetryPolicy)(nil),                // 37: delayq.v1.RetryPolicy
+	(*QueueStats)(nil),                 // 38: delayq.v1.QueueStats
+	(*fieldmaskpb.FieldMask)(nil),      // 39: google.protobuf.FieldMask
+	(JobState)(0),                      // 40: delayq.v1.JobState
+	(*Job)(nil),                        // 41: delayq.v1.Job
 }
 var file_delayq_v1_admin_proto_depIdxs = []int32{
 	0,  // 0: delayq.v1.TokenInfo.roles:type_name -> delayq.v1.TokenRole
-	8,  // 1: delayq.v1.TokenInfo.create_time:type_name -> google.protobuf.Timestamp
-	8,  // 2: delayq.v1.TokenInfo.expire_time:type_name -> google.protobuf.Timestamp
+	35, // 1: delayq.v1.TokenInfo.create_time:type_name -> google.protobuf.Timestamp
+	35, // 2: delayq.v1.TokenInfo.expire_time:type_name -> google.protobuf.Timestamp
 	0,  // 3: delayq.v1.CreateTokenRequest.roles:type_name -> delayq.v1.TokenRole
-	9,  // 4: delayq.v1.CreateTokenRequest.ttl:type_name -> google.protobuf.Duration
+	36, // 4: delayq.v1.CreateTokenRequest.ttl:type_name -> google.protobuf.Duration
 	1,  // 5: delayq.v1.CreateTokenResponse.info:type_name -> delayq.v1.TokenInfo
 	1,  // 6: delayq.v1.ListTokensResponse.tokens:type_name -> delayq.v1.TokenInfo
-	2,  // 7: delayq.v1.AdminService.CreateToken:input_type -> delayq.v1.CreateTokenRequest
-	4,  // 8: delayq.v1.AdminService.ListTokens:input_type -> delayq.v1.ListTokensRequest
-	6,  // 9: delayq.v1.AdminService.RevokeToken:input_type -> delayq.v1.RevokeTokenRequest
-	3,  // 10: delayq.v1.AdminService.CreateToken:output_type -> delayq.v1.CreateTokenResponse
-	5,  // 11: delayq.v1.AdminService.ListTokens:output_type -> delayq.v1.ListTokensResponse
-	7,  // 12: delayq.v1.AdminService.RevokeToken:output_type -> delayq.v1.RevokeTokenResponse
-	10, // [10:13] is the sub-list for method output_type
-	7,  // [7:10] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	36, // 7: delayq.v1.QueueSettings.default_lease:type_name -> google.protobuf.Duration
+	37, // 8: delayq.v1.QueueSettings.retry:type_name -> delayq.v1.RetryPolicy
+	36, // 9: delayq.v1.QueueSettings.completed_retention:type_name -> google.protobuf.Duration
+	36, // 10: delayq.v1.QueueSettings.dead_retention:type_name -> google.protobuf.Duration
+	8,  // 11: delayq.v1.Queue.settings:type_name -> delayq.v1.QueueSettings
+	38, // 12: delayq.v1.Queue.stats:type_name -> delayq.v1.QueueStats
+	9,  // 13: delayq.v1.ListQueuesResponse.queues:type_name -> delayq.v1.Queue
+	8,  // 14: delayq.v1.CreateQueueRequest.settings:type_name -> delayq.v1.QueueSettings
+	9,  // 15: delayq.v1.CreateQueueResponse.queue:type_name -> delayq.v1.Queue
+	9,  // 16: delayq.v1.GetQueueResponse.queue:type_name -> delayq.v1.Queue
+	8,  // 17: delayq.v1.UpdateQueueRequest.settings:type_name -> delayq.v1.QueueSettings
+	39, // 18: delayq.v1.UpdateQueueRequest.update_mask:type_name -> google.protobuf.FieldMask
+	9,  // 19: delayq.v1.UpdateQueueResponse.queue:type_name -> delayq.v1.Queue
+	9,  // 20: delayq.v1.PauseQueueResponse.queue:type_name -> delayq.v1.Queue
+	9,  // 21: delayq.v1.ResumeQueueResponse.queue:type_name -> delayq.v1.Queue
+	40, // 22: delayq.v1.PurgeQueueRequest.state:type_name -> delayq.v1.JobState
+	40, // 23: delayq.v1.ListJobsRequest.state:type_name -> delayq.v1.JobState
+	35, // 24: delayq.v1.ListJobsRequest.from_time:type_name -> google.protobuf.Timestamp
+	35, // 25: delayq.v1.ListJobsRequest.to_time:type_name -> google.protobuf.Timestamp
+	41, // 26: delayq.v1.ListJobsResponse.jobs:type_name -> delayq.v1.Job
+	36, // 27: delayq.v1.RescheduleJobRequest.delay:type_name -> google.protobuf.Duration
+	35, // 28: delayq.v1.RescheduleJobRequest.due_time:type_name -> google.protobuf.Timestamp
+	41, // 29: delayq.v1.RescheduleJobResponse.job:type_name -> delayq.v1.Job
+	34, // 30: delayq.v1.UpdateJobRequest.headers:type_name -> delayq.v1.UpdateJobRequest.HeadersEntry
+	39, // 31: delayq.v1.UpdateJobRequest.update_mask:type_name -> google.protobuf.FieldMask
+	41, // 32: delayq.v1.UpdateJobResponse.job:type_name -> delayq.v1.Job
+	2,  // 33: delayq.v1.AdminService.CreateToken:input_type -> delayq.v1.CreateTokenRequest
+	4,  // 34: delayq.v1.AdminService.ListTokens:input_type -> delayq.v1.ListTokensRequest
+	6,  // 35: delayq.v1.AdminService.RevokeToken:input_type -> delayq.v1.RevokeTokenRequest
+	10, // 36: delayq.v1.AdminService.ListQueues:input_type -> delayq.v1.ListQueuesRequest
+	12, // 37: delayq.v1.AdminService.CreateQueue:input_type -> delayq.v1.CreateQueueRequest
+	14, // 38: delayq.v1.AdminService.GetQueue:input_type -> delayq.v1.GetQueueRequest
+	16, // 39: delayq.v1.AdminService.UpdateQueue:input_type -> delayq.v1.UpdateQueueRequest
+	18, // 40: delayq.v1.AdminService.DeleteQueue:input_type -> delayq.v1.DeleteQueueRequest
+	20, // 41: delayq.v1.AdminService.PauseQueue:input_type -> delayq.v1.PauseQueueRequest
+	22, // 42: delayq.v1.AdminService.ResumeQueue:input_type -> delayq.v1.ResumeQueueRequest
+	24, // 43: delayq.v1.AdminService.PurgeQueue:input_type -> delayq.v1.PurgeQueueRequest
+	26, // 44: delayq.v1.AdminService.ListJobs:input_type -> delayq.v1.ListJobsRequest
+	28, // 45: delayq.v1.AdminService.RescheduleJob:input_type -> delayq.v1.RescheduleJobRequest
+	30, // 46: delayq.v1.AdminService.UpdateJob:input_type -> delayq.v1.UpdateJobRequest
+	32, // 47: delayq.v1.AdminService.RedriveDeadLetters:input_type -> delayq.v1.RedriveDeadLettersRequest
+	3,  // 48: delayq.v1.AdminService.CreateToken:output_type -> delayq.v1.CreateTokenResponse
+	5,  // 49: delayq.v1.AdminService.ListTokens:output_type -> delayq.v1.ListTokensResponse
+	7,  // 50: delayq.v1.AdminService.RevokeToken:output_type -> delayq.v1.RevokeTokenResponse
+	11, // 51: delayq.v1.AdminService.ListQueues:output_type -> delayq.v1.ListQueuesResponse
+	13, // 52: delayq.v1.AdminService.CreateQueue:output_type -> delayq.v1.CreateQueueResponse
+	15, // 53: delayq.v1.AdminService.GetQueue:output_type -> delayq.v1.GetQueueResponse
+	17, // 54: delayq.v1.AdminService.UpdateQueue:output_type -> delayq.v1.UpdateQueueResponse
+	19, // 55: delayq.v1.AdminService.DeleteQueue:output_type -> delayq.v1.DeleteQueueResponse
+	21, // 56: delayq.v1.AdminService.PauseQueue:output_type -> delayq.v1.PauseQueueResponse
+	23, // 57: delayq.v1.AdminService.ResumeQueue:output_type -> delayq.v1.ResumeQueueResponse
+	25, // 58: delayq.v1.AdminService.PurgeQueue:output_type -> delayq.v1.PurgeQueueResponse
+	27, // 59: delayq.v1.AdminService.ListJobs:output_type -> delayq.v1.ListJobsResponse
+	29, // 60: delayq.v1.AdminService.RescheduleJob:output_type -> delayq.v1.RescheduleJobResponse
+	31, // 61: delayq.v1.AdminService.UpdateJob:output_type -> delayq.v1.UpdateJobResponse
+	33, // 62: delayq.v1.AdminService.RedriveDeadLetters:output_type -> delayq.v1.RedriveDeadLettersResponse
+	48, // [48:63] is the sub-list for method output_type
+	33, // [33:48] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_delayq_v1_admin_proto_init() }
@@ -573,13 +2456,18 @@ func file_delayq_v1_admin_proto_init() {
 	if File_delayq_v1_admin_proto != nil {
 		return
 	}
+	file_delayq_v1_job_proto_init()
+	file_delayq_v1_admin_proto_msgTypes[27].OneofWrappers = []any{
+		(*RescheduleJobRequest_Delay)(nil),
+		(*RescheduleJobRequest_DueTime)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_delayq_v1_admin_proto_rawDesc), len(file_delayq_v1_admin_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   7,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,9 +19,21 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	AdminService_CreateToken_FullMethodName = "/delayq.v1.AdminService/CreateToken"
-	AdminService_ListTokens_FullMethodName  = "/delayq.v1.AdminService/ListTokens"
-	AdminService_RevokeToken_FullMethodName = "/delayq.v1.AdminService/RevokeToken"
+	AdminService_CreateToken_FullMethodName        = "/delayq.v1.AdminService/CreateToken"
+	AdminService_ListTokens_FullMethodName         = "/delayq.v1.AdminService/ListTokens"
+	AdminService_RevokeToken_FullMethodName        = "/delayq.v1.AdminService/RevokeToken"
+	AdminService_ListQueues_FullMethodName         = "/delayq.v1.AdminService/ListQueues"
+	AdminService_CreateQueue_FullMethodName        = "/delayq.v1.AdminService/CreateQueue"
+	AdminService_GetQueue_FullMethodName           = "/delayq.v1.AdminService/GetQueue"
+	AdminService_UpdateQueue_FullMethodName        = "/delayq.v1.AdminService/UpdateQueue"
+	AdminService_DeleteQueue_FullMethodName        = "/delayq.v1.AdminService/DeleteQueue"
+	AdminService_PauseQueue_FullMethodName         = "/delayq.v1.AdminService/PauseQueue"
+	AdminService_ResumeQueue_FullMethodName        = "/delayq.v1.AdminService/ResumeQueue"
+	AdminService_PurgeQueue_FullMethodName         = "/delayq.v1.AdminService/PurgeQueue"
+	AdminService_ListJobs_FullMethodName           = "/delayq.v1.AdminService/ListJobs"
+	AdminService_RescheduleJob_FullMethodName      = "/delayq.v1.AdminService/RescheduleJob"
+	AdminService_UpdateJob_FullMethodName          = "/delayq.v1.AdminService/UpdateJob"
+	AdminService_RedriveDeadLetters_FullMethodName = "/delayq.v1.AdminService/RedriveDeadLetters"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -29,8 +41,13 @@ const (
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
 // AdminService manages the API tokens that authenticate calls when the server
-// runs with auth on (`--auth`). Every RPC needs a token with the admin role;
-// an admin token bound to one namespace manages only that namespace's tokens.
+// runs with auth on (`--auth`), and administers queues and their jobs (issue 14).
+// Token RPCs and every RPC that changes something need a token with the admin
+// role; ListQueues, GetQueue and ListJobs need the read role. A token bound to
+// one namespace reaches only that namespace's tokens and queues.
+//
+// Every call does bounded work: a long operation (purge, redrive) is done in
+// steps, each call answering with what it did and what is left.
 //
 // Errors common to every RPC: UNAUTHENTICATED (missing, unknown, expired or
 // revoked token), PERMISSION_DENIED (not an admin token, or another namespace),
@@ -46,6 +63,55 @@ type AdminServiceClient interface {
 	// RevokeToken deletes a token; every replica refuses it within a second.
 	// Errors: INVALID_ARGUMENT (token_id), NOT_FOUND (no such token in the caller's namespaces).
 	RevokeToken(ctx context.Context, in *RevokeTokenRequest, opts ...grpc.CallOption) (*RevokeTokenResponse, error)
+	// ListQueues lists queues with their settings and counts, by namespace then name.
+	// Errors: INVALID_ARGUMENT (namespace, page_size, page_token).
+	ListQueues(ctx context.Context, in *ListQueuesRequest, opts ...grpc.CallOption) (*ListQueuesResponse, error)
+	// CreateQueue creates a queue with explicit settings (a queue is otherwise
+	// created with the server defaults by its first Enqueue or Consume).
+	// Errors: INVALID_ARGUMENT (a setting), ALREADY_EXISTS, RESOURCE_EXHAUSTED (queue quota).
+	CreateQueue(ctx context.Context, in *CreateQueueRequest, opts ...grpc.CallOption) (*CreateQueueResponse, error)
+	// GetQueue returns one queue's settings, counts and paused flag.
+	// Errors: INVALID_ARGUMENT, NOT_FOUND.
+	GetQueue(ctx context.Context, in *GetQueueRequest, opts ...grpc.CallOption) (*GetQueueResponse, error)
+	// UpdateQueue changes the settings named in update_mask; they apply to jobs
+	// enqueued and streams opened afterwards. `shards` is fixed at creation.
+	// Errors: INVALID_ARGUMENT (update_mask or a setting), NOT_FOUND.
+	UpdateQueue(ctx context.Context, in *UpdateQueueRequest, opts ...grpc.CallOption) (*UpdateQueueResponse, error)
+	// DeleteQueue removes an empty queue (purge it first) and stops its timers on
+	// every replica. Errors: INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION (not empty).
+	DeleteQueue(ctx context.Context, in *DeleteQueueRequest, opts ...grpc.CallOption) (*DeleteQueueResponse, error)
+	// PauseQueue stops deliveries of a queue: Consume streams claim nothing from
+	// it until ResumeQueue. Enqueue is still accepted, due jobs still become
+	// ready, leases in flight are untouched (they can be acked, nacked, extended).
+	// Errors: INVALID_ARGUMENT, NOT_FOUND.
+	PauseQueue(ctx context.Context, in *PauseQueueRequest, opts ...grpc.CallOption) (*PauseQueueResponse, error)
+	// ResumeQueue lets deliveries of a paused queue go on; idle streams wake at once.
+	// Errors: INVALID_ARGUMENT, NOT_FOUND.
+	ResumeQueue(ctx context.Context, in *ResumeQueueRequest, opts ...grpc.CallOption) (*ResumeQueueResponse, error)
+	// PurgeQueue deletes up to `limit` jobs of a queue (one state, or every state)
+	// and says how many are left: call again until `remaining` is 0.
+	// A purged leased job's lease becomes unknown (its Ack answers UNKNOWN).
+	// Errors: INVALID_ARGUMENT, NOT_FOUND.
+	PurgeQueue(ctx context.Context, in *PurgeQueueRequest, opts ...grpc.CallOption) (*PurgeQueueResponse, error)
+	// ListJobs pages through the jobs of one state, optionally within a time range.
+	// Errors: INVALID_ARGUMENT (state, range, page_size, page_token), NOT_FOUND (queue).
+	ListJobs(ctx context.Context, in *ListJobsRequest, opts ...grpc.CallOption) (*ListJobsResponse, error)
+	// RescheduleJob moves a scheduled or ready job to a new due time atomically,
+	// keeping its id, payload and attempts. A leased job is refused unless
+	// `force`: then its lease is taken back (the holder's Ack answers STALE) and
+	// the attempt stays counted. Errors: INVALID_ARGUMENT, NOT_FOUND (queue or
+	// job), FAILED_PRECONDITION (leased without force, dead, completed, or the
+	// new due time is past the job's TTL).
+	RescheduleJob(ctx context.Context, in *RescheduleJobRequest, opts ...grpc.CallOption) (*RescheduleJobResponse, error)
+	// UpdateJob replaces the payload and/or headers of a scheduled or ready job.
+	// Errors: INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION (leased, dead or completed).
+	UpdateJob(ctx context.Context, in *UpdateJobRequest, opts ...grpc.CallOption) (*UpdateJobResponse, error)
+	// RedriveDeadLetters moves up to `limit` dead jobs back to ready, in the same
+	// queue (atomically, ids kept) or another one (new ids; the header
+	// `delayq-redriven-from` names the old job), at most `rate` jobs per second.
+	// Call again until `remaining` is 0.
+	// Errors: INVALID_ARGUMENT, NOT_FOUND (queue or target queue).
+	RedriveDeadLetters(ctx context.Context, in *RedriveDeadLettersRequest, opts ...grpc.CallOption) (*RedriveDeadLettersResponse, error)
 }
 
 type adminServiceClient struct {
@@ -86,13 +152,138 @@ func (c *adminServiceClient) RevokeToken(ctx context.Context, in *RevokeTokenReq
 	return out, nil
 }
 
+func (c *adminServiceClient) ListQueues(ctx context.Context, in *ListQueuesRequest, opts ...grpc.CallOption) (*ListQueuesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListQueuesResponse)
+	err := c.cc.Invoke(ctx, AdminService_ListQueues_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) CreateQueue(ctx context.Context, in *CreateQueueRequest, opts ...grpc.CallOption) (*CreateQueueResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CreateQueueResponse)
+	err := c.cc.Invoke(ctx, AdminService_CreateQueue_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) GetQueue(ctx context.Context, in *GetQueueRequest, opts ...grpc.CallOption) (*GetQueueResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetQueueResponse)
+	err := c.cc.Invoke(ctx, AdminService_GetQueue_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) UpdateQueue(ctx context.Context, in *UpdateQueueRequest, opts ...grpc.CallOption) (*UpdateQueueResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(UpdateQueueResponse)
+	err := c.cc.Invoke(ctx, AdminService_UpdateQueue_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) DeleteQueue(ctx context.Context, in *DeleteQueueRequest, opts ...grpc.CallOption) (*DeleteQueueResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteQueueResponse)
+	err := c.cc.Invoke(ctx, AdminService_DeleteQueue_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) PauseQueue(ctx context.Context, in *PauseQueueRequest, opts ...grpc.CallOption) (*PauseQueueResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PauseQueueResponse)
+	err := c.cc.Invoke(ctx, AdminService_PauseQueue_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ResumeQueue(ctx context.Context, in *ResumeQueueRequest, opts ...grpc.CallOption) (*ResumeQueueResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ResumeQueueResponse)
+	err := c.cc.Invoke(ctx, AdminService_ResumeQueue_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) PurgeQueue(ctx context.Context, in *PurgeQueueRequest, opts ...grpc.CallOption) (*PurgeQueueResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PurgeQueueResponse)
+	err := c.cc.Invoke(ctx, AdminService_PurgeQueue_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ListJobs(ctx context.Context, in *ListJobsRequest, opts ...grpc.CallOption) (*ListJobsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListJobsResponse)
+	err := c.cc.Invoke(ctx, AdminService_ListJobs_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) RescheduleJob(ctx context.Context, in *RescheduleJobRequest, opts ...grpc.CallOption) (*RescheduleJobResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RescheduleJobResponse)
+	err := c.cc.Invoke(ctx, AdminService_RescheduleJob_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) UpdateJob(ctx context.Context, in *UpdateJobRequest, opts ...grpc.CallOption) (*UpdateJobResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(UpdateJobResponse)
+	err := c.cc.Invoke(ctx, AdminService_UpdateJob_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) RedriveDeadLetters(ctx context.Context, in *RedriveDeadLettersRequest, opts ...grpc.CallOption) (*RedriveDeadLettersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RedriveDeadLettersResponse)
+	err := c.cc.Invoke(ctx, AdminService_RedriveDeadLetters_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
 //
 // AdminService manages the API tokens that authenticate calls when the server
-// runs with auth on (`--auth`). Every RPC needs a token with the admin role;
-// an admin token bound to one namespace manages only that namespace's tokens.
+// runs with auth on (`--auth`), and administers queues and their jobs (issue 14).
+// Token RPCs and every RPC that changes something need a token with the admin
+// role; ListQueues, GetQueue and ListJobs need the read role. A token bound to
+// one namespace reaches only that namespace's tokens and queues.
+//
+// Every call does bounded work: a long operation (purge, redrive) is done in
+// steps, each call answering with what it did and what is left.
 //
 // Errors common to every RPC: UNAUTHENTICATED (missing, unknown, expired or
 // revoked token), PERMISSION_DENIED (not an admin token, or another namespace),
@@ -108,6 +299,55 @@ type AdminServiceServer interface {
 	// RevokeToken deletes a token; every replica refuses it within a second.
 	// Errors: INVALID_ARGUMENT (token_id), NOT_FOUND (no such token in the caller's namespaces).
 	RevokeToken(context.Context, *RevokeTokenRequest) (*RevokeTokenResponse, error)
+	// ListQueues lists queues with their settings and counts, by namespace then name.
+	// Errors: INVALID_ARGUMENT (namespace, page_size, page_token).
+	ListQueues(context.Context, *ListQueuesRequest) (*ListQueuesResponse, error)
+	// CreateQueue creates a queue with explicit settings (a queue is otherwise
+	// created with the server defaults by its first Enqueue or Consume).
+	// Errors: INVALID_ARGUMENT (a setting), ALREADY_EXISTS, RESOURCE_EXHAUSTED (queue quota).
+	CreateQueue(context.Context, *CreateQueueRequest) (*CreateQueueResponse, error)
+	// GetQueue returns one queue's settings, counts and paused flag.
+	// Errors: INVALID_ARGUMENT, NOT_FOUND.
+	GetQueue(context.Context, *GetQueueRequest) (*GetQueueResponse, error)
+	// UpdateQueue changes the settings named in update_mask; they apply to jobs
+	// enqueued and streams opened afterwards. `shards` is fixed at creation.
+	// Errors: INVALID_ARGUMENT (update_mask or a setting), NOT_FOUND.
+	UpdateQueue(context.Context, *UpdateQueueRequest) (*UpdateQueueResponse, error)
+	// DeleteQueue removes an empty queue (purge it first) and stops its timers on
+	// every replica. Errors: INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION (not empty).
+	DeleteQueue(context.Context, *DeleteQueueRequest) (*DeleteQueueResponse, error)
+	// PauseQueue stops deliveries of a queue: Consume streams claim nothing from
+	// it until ResumeQueue. Enqueue is still accepted, due jobs still become
+	// ready, leases in flight are untouched (they can be acked, nacked, extended).
+	// Errors: INVALID_ARGUMENT, NOT_FOUND.
+	PauseQueue(context.Context, *PauseQueueRequest) (*PauseQueueResponse, error)
+	// ResumeQueue lets deliveries of a paused queue go on; idle streams wake at once.
+	// Errors: INVALID_ARGUMENT, NOT_FOUND.
+	ResumeQueue(context.Context, *ResumeQueueRequest) (*ResumeQueueResponse, error)
+	// PurgeQueue deletes up to `limit` jobs of a queue (one state, or every state)
+	// and says how many are left: call again until `remaining` is 0.
+	// A purged leased job's lease becomes unknown (its Ack answers UNKNOWN).
+	// Errors: INVALID_ARGUMENT, NOT_FOUND.
+	PurgeQueue(context.Context, *PurgeQueueRequest) (*PurgeQueueResponse, error)
+	// ListJobs pages through the jobs of one state, optionally within a time range.
+	// Errors: INVALID_ARGUMENT (state, range, page_size, page_token), NOT_FOUND (queue).
+	ListJobs(context.Context, *ListJobsRequest) (*ListJobsResponse, error)
+	// RescheduleJob moves a scheduled or ready job to a new due time atomically,
+	// keeping its id, payload and attempts. A leased job is refused unless
+	// `force`: then its lease is taken back (the holder's Ack answers STALE) and
+	// the attempt stays counted. Errors: INVALID_ARGUMENT, NOT_FOUND (queue or
+	// job), FAILED_PRECONDITION (leased without force, dead, completed, or the
+	// new due time is past the job's TTL).
+	RescheduleJob(context.Context, *RescheduleJobRequest) (*RescheduleJobResponse, error)
+	// UpdateJob replaces the payload and/or headers of a scheduled or ready job.
+	// Errors: INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION (leased, dead or completed).
+	UpdateJob(context.Context, *UpdateJobRequest) (*UpdateJobResponse, error)
+	// RedriveDeadLetters moves up to `limit` dead jobs back to ready, in the same
+	// queue (atomically, ids kept) or another one (new ids; the header
+	// `delayq-redriven-from` names the old job), at most `rate` jobs per second.
+	// Call again until `remaining` is 0.
+	// Errors: INVALID_ARGUMENT, NOT_FOUND (queue or target queue).
+	RedriveDeadLetters(context.Context, *RedriveDeadLettersRequest) (*RedriveDeadLettersResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -126,6 +366,42 @@ func (UnimplementedAdminServiceServer) ListTokens(context.Context, *ListTokensRe
 }
 func (UnimplementedAdminServiceServer) RevokeToken(context.Context, *RevokeTokenRequest) (*RevokeTokenResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RevokeToken not implemented")
+}
+func (UnimplementedAdminServiceServer) ListQueues(context.Context, *ListQueuesRequest) (*ListQueuesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListQueues not implemented")
+}
+func (UnimplementedAdminServiceServer) CreateQueue(context.Context, *CreateQueueRequest) (*CreateQueueResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CreateQueue not implemented")
+}
+func (UnimplementedAdminServiceServer) GetQueue(context.Context, *GetQueueRequest) (*GetQueueResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetQueue not implemented")
+}
+func (UnimplementedAdminServiceServer) UpdateQueue(context.Context, *UpdateQueueRequest) (*UpdateQueueResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method UpdateQueue not implemented")
+}
+func (UnimplementedAdminServiceServer) DeleteQueue(context.Context, *DeleteQueueRequest) (*DeleteQueueResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteQueue not implemented")
+}
+func (UnimplementedAdminServiceServer) PauseQueue(context.Context, *PauseQueueRequest) (*PauseQueueResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PauseQueue not implemented")
+}
+func (UnimplementedAdminServiceServer) ResumeQueue(context.Context, *ResumeQueueRequest) (*ResumeQueueResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ResumeQueue not implemented")
+}
+func (UnimplementedAdminServiceServer) PurgeQueue(context.Context, *PurgeQueueRequest) (*PurgeQueueResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PurgeQueue not implemented")
+}
+func (UnimplementedAdminServiceServer) ListJobs(context.Context, *ListJobsRequest) (*ListJobsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListJobs not implemented")
+}
+func (UnimplementedAdminServiceServer) RescheduleJob(context.Context, *RescheduleJobRequest) (*RescheduleJobResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RescheduleJob not implemented")
+}
+func (UnimplementedAdminServiceServer) UpdateJob(context.Context, *UpdateJobRequest) (*UpdateJobResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method UpdateJob not implemented")
+}
+func (UnimplementedAdminServiceServer) RedriveDeadLetters(context.Context, *RedriveDeadLettersRequest) (*RedriveDeadLettersResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RedriveDeadLetters not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -202,6 +478,222 @@ func _AdminService_RevokeToken_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_ListQueues_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListQueuesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ListQueues(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ListQueues_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ListQueues(ctx, req.(*ListQueuesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_CreateQueue_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CreateQueueRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).CreateQueue(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_CreateQueue_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).CreateQueue(ctx, req.(*CreateQueueRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_GetQueue_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetQueueRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).GetQueue(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_GetQueue_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).GetQueue(ctx, req.(*GetQueueRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_UpdateQueue_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UpdateQueueRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).UpdateQueue(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_UpdateQueue_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).UpdateQueue(ctx, req.(*UpdateQueueRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_DeleteQueue_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteQueueRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).DeleteQueue(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_DeleteQueue_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).DeleteQueue(ctx, req.(*DeleteQueueRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_PauseQueue_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PauseQueueRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).PauseQueue(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_PauseQueue_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).PauseQueue(ctx, req.(*PauseQueueRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_ResumeQueue_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResumeQueueRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ResumeQueue(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ResumeQueue_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ResumeQueue(ctx, req.(*ResumeQueueRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_PurgeQueue_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PurgeQueueRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).PurgeQueue(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_PurgeQueue_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).PurgeQueue(ctx, req.(*PurgeQueueRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_ListJobs_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListJobsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ListJobs(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ListJobs_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ListJobs(ctx, req.(*ListJobsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_RescheduleJob_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RescheduleJobRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).RescheduleJob(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_RescheduleJob_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).RescheduleJob(ctx, req.(*RescheduleJobRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_UpdateJob_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UpdateJobRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).UpdateJob(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_UpdateJob_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).UpdateJob(ctx, req.(*UpdateJobRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_RedriveDeadLetters_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RedriveDeadLettersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).RedriveDeadLetters(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_RedriveDeadLetters_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).RedriveDeadLetters(ctx, req.(*RedriveDeadLettersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -220,6 +712,54 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RevokeToken",
 			Handler:    _AdminService_RevokeToken_Handler,
+		},
+		{
+			MethodName: "ListQueues",
+			Handler:    _AdminService_ListQueues_Handler,
+		},
+		{
+			MethodName: "CreateQueue",
+			Handler:    _AdminService_CreateQueue_Handler,
+		},
+		{
+			MethodName: "GetQueue",
+			Handler:    _AdminService_GetQueue_Handler,
+		},
+		{
+			MethodName: "UpdateQueue",
+			Handler:    _AdminService_UpdateQueue_Handler,
+		},
+		{
+			MethodName: "DeleteQueue",
+			Handler:    _AdminService_DeleteQueue_Handler,
+		},
+		{
+			MethodName: "PauseQueue",
+			Handler:    _AdminService_PauseQueue_Handler,
+		},
+		{
+			MethodName: "ResumeQueue",
+			Handler:    _AdminService_ResumeQueue_Handler,
+		},
+		{
+			MethodName: "PurgeQueue",
+			Handler:    _AdminService_PurgeQueue_Handler,
+		},
+		{
+			MethodName: "ListJobs",
+			Handler:    _AdminService_ListJobs_Handler,
+		},
+		{
+			MethodName: "RescheduleJob",
+			Handler:    _AdminService_RescheduleJob_Handler,
+		},
+		{
+			MethodName: "UpdateJob",
+			Handler:    _AdminService_UpdateJob_Handler,
+		},
+		{
+			MethodName: "RedriveDeadLetters",
+			Handler:    _AdminService_RedriveDeadLetters_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

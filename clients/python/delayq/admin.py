@@ -11,6 +11,7 @@ import grpc
 
 from delayq import _convert
 from delayq._channel import DEFAULT_TARGET, auth_metadata, channel_options
+from delayq.admin_queues import QueueAdminMixin
 from delayq.errors import from_rpc_error
 from delayq.v1 import admin_pb2, admin_pb2_grpc
 
@@ -53,14 +54,16 @@ class TokenInfo:
         )
 
 
-class AdminClient:
-    """Token management; needs a token with the admin role (`token=` or $DELAYQ_TOKEN)."""
+class AdminClient(QueueAdminMixin):
+    """Token management and queue administration (admin_queues.py); needs a token
+    with the admin role (`token=` or $DELAYQ_TOKEN), or the read role for listings."""
 
     def __init__(
         self,
         target: str = DEFAULT_TARGET,
         *,
         token: str | None = None,
+        namespace: str = "",
         timeout: float = 10.0,
         credentials: grpc.ChannelCredentials | None = None,
         options: Sequence[tuple[str, Any]] = (),
@@ -73,6 +76,7 @@ class AdminClient:
         )
         self._stub = admin_pb2_grpc.AdminServiceStub(self._channel)
         self._metadata = auth_metadata(token)
+        self.namespace = namespace
         self.timeout = timeout
 
     def __enter__(self) -> AdminClient:

@@ -1,4 +1,5 @@
-"""The `delayq` command line: enqueue, get, delete, stats, tail, dead-letter admin, tokens."""
+"""The `delayq` command line: enqueue, get, delete, stats, tail, dead-letter admin, tokens,
+queue and job administration (cli_queues.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Any, TextIO
 
 import grpc
 
-from delayq import __version__, cli_tokens
+from delayq import __version__, cli_queues, cli_tokens
 from delayq._channel import DEFAULT_TARGET
 from delayq._convert import delivery_from_proto, parse_duration_text
 from delayq._progress import Progress
@@ -159,7 +160,17 @@ def build_parser() -> argparse.ArgumentParser:
         dp.add_argument("job_ids", nargs="*", metavar="JOB_ID")
         dp.add_argument("--all", action="store_true", help="every dead job up to --limit")
         dp.add_argument("--limit", type=int, default=1000)
+        if name == "redrive":
+            dp.add_argument("--to", metavar="QUEUE", help="redrive into another queue")
+            dp.add_argument("--rate", type=int, default=0, help="most jobs per second")
+            dp.add_argument(
+                "--progress",
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help="progress bar on stderr (default: when stderr is a terminal)",
+            )
     cli_tokens.add_parser(sub)
+    cli_queues.add_parsers(sub)
     return p
 
 
@@ -571,6 +582,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_tail(args, out)
         if args.command == "tokens":
             return cli_tokens.run(args, out)
+        if args.command in ("queues", "jobs"):
+            return cli_queues.run(args, out, err)
+        if args.dead_command == "redrive" and (args.all or args.to or args.rate):
+            if args.job_ids and args.all:
+                raise InputError("dead redrive: JOB_ID arguments and --all exclude")
+            if not args.job_ids and not args.all:
+                raise InputError("dead redrive: give JOB_ID arguments or --all")
+            return cli_queues.redrive_all(args, out, err)
         return cmd_dead(args, out)
     except DelayqError as exc:
         err.write(f"delayq: error: {' '.join(str(exc).split())}\n")
@@ -578,6 +597,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InputError as exc:
         err.write(f"delayq: error: {exc}\n")
         return EXIT_BAD_INPUT
+    except cli_queues.Refused as exc:
+        err.write(f"delayq: {exc}\n")
+        return 1
     except KeyboardInterrupt:
         err.write("delayq: interrupted\n")
         return 130

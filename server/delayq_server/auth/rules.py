@@ -45,6 +45,19 @@ RULES: dict[str, Rule] = {
     _ADMIN + "CreateToken": Rule(ADMIN, Scope.SERVICER),
     _ADMIN + "ListTokens": Rule(ADMIN, Scope.SERVICER),
     _ADMIN + "RevokeToken": Rule(ADMIN, Scope.SERVICER),
+    # Queue administration (issue 14): reads need the read role, changes admin.
+    _ADMIN + "ListQueues": Rule(READ, Scope.SERVICER),  # filtered by the caller's namespace
+    _ADMIN + "GetQueue": Rule(READ, Scope.NAMESPACE),
+    _ADMIN + "ListJobs": Rule(READ, Scope.NAMESPACE),
+    _ADMIN + "CreateQueue": Rule(ADMIN, Scope.NAMESPACE),
+    _ADMIN + "UpdateQueue": Rule(ADMIN, Scope.NAMESPACE),
+    _ADMIN + "DeleteQueue": Rule(ADMIN, Scope.NAMESPACE),
+    _ADMIN + "PauseQueue": Rule(ADMIN, Scope.NAMESPACE),
+    _ADMIN + "ResumeQueue": Rule(ADMIN, Scope.NAMESPACE),
+    _ADMIN + "PurgeQueue": Rule(ADMIN, Scope.NAMESPACE),
+    _ADMIN + "RescheduleJob": Rule(ADMIN, Scope.NAMESPACE),
+    _ADMIN + "UpdateJob": Rule(ADMIN, Scope.NAMESPACE),
+    _ADMIN + "RedriveDeadLetters": Rule(ADMIN, Scope.NAMESPACE),
 }
 
 # Health checks and reflection answer without credentials (load balancers,

@@ -4,14 +4,15 @@
 -- KEYS[3] stats   HASH  counters
 -- KEYS[4] exp     ZSET  job id -> expire ms
 -- KEYS[5] dead    ZSET  job id -> time of death ms
--- KEYS[6] index   ZSET  backlog bucket start ms (includes/record.lua)
+-- KEYS[6] paused  STRING  present while the queue is paused: nothing is claimed
+-- KEYS[7] index   ZSET  backlog bucket start ms (includes/record.lua)
 -- ARGV[1] prefix, ARGV[2] now ms ('' = Redis TIME), ARGV[3] count (<= 500),
 -- ARGV[4] lease ms, ARGV[5] nonce prefix (the stream's; a counter is appended),
 -- ARGV[6] events channel (publishes "<prefix> lease <deadline>" for the reaper),
 -- ARGV[7] randomness: 16 hex chars per job (count * 16), from the server's CSPRNG,
 -- ARGV[8] events MAXLEN, always the last argument (0 = off; lua/includes/events.lua)
--- Returns: {now, next due ms in the backlog (-1: none), then per leased job: id,
---   nonce, packed record}
+-- Returns: {now, next due ms in the backlog (-1: none, -2: not read, paused), then per
+--   leased job: id, nonce, packed record}
 -- Due jobs are promoted here first, as many as the ready list lacks for `count`,
 -- so a stream that the promoter woke at a due time takes its jobs in this one
 -- call: no promote call and no "ready" event in between (issue 12, timer CPU).
@@ -22,12 +23,12 @@
 -- random bits (issue 9), so no lease token can be predicted from another: the
 -- prefix only routes credit back to the stream (server id and stream seq).
 -- Jobs past their TTL are dropped here and counted, never delivered.
--- KEYS[7] the call's request key (includes/replay.lua). A re-sent claim (its
+-- KEYS[8] the call's request key (includes/replay.lua). A re-sent claim (its
 -- reply was lost) answers the leases the first run took, re-read from their
 -- records, so no lease is left that no stream knows of. Only ids and nonces are
 -- kept for the replay, never the records (payloads can be large).
 local k_ready, k_leased, k_stats, k_exp, k_dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local k_index = KEYS[6]
+local k_paused, k_index = KEYS[6], KEYS[7]
 local prefix, count, lease, nonce_prefix = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
 local channel, random = ARGV[6], ARGV[7]
 -- @include record
@@ -53,6 +54,10 @@ if prev then
   return out
 end
 local now = now_ms(ARGV[2])
+-- Paused (PauseQueue, issue 14): claim nothing; the stream sees a short claim
+-- and waits idle until pause.lua's resume publishes "ready".
+-- It reports no next due time (-2): the promoter then promotes on its own.
+if redis.call('EXISTS', k_paused) == 1 then return {now, -2} end
 local lacking = count - redis.call('LLEN', k_ready)
 if lacking > 0 then
   local moved = promote_due(prefix, k_index, k_ready, now, lacking)

@@ -60,18 +60,20 @@ local kept = {now}
 
 local was_empty = redis.call('LLEN', k_ready) == 0
 local head_due = backlog_head(prefix, k_index)
-local pushed, earliest, stored = 0, nil, 0
+local pushed, earliest, stored, delayed = 0, nil, 0, 0
 local out = {now}
 for i = 0, n - 1 do
   local j = jobs[i + 1]
   local id, ttl = j[1], j[4]
   local ikey = j[12]
-  local idem_key, existing, existing_due = nil, nil, -1
+  local due = due_of(j, now)
+  local existing, existing_due = nil, -1
   if ikey ~= '' then
-    idem_key = prefix .. 'idem:' .. ikey
-    -- The key holds "<job id> <due ms>" so a duplicate is answered with its
-    -- due time even after the job itself was acked or deleted.
-    local prev = redis.call('GET', idem_key)
+    -- One command claims the key or reads the holder (SET NX GET, Redis 7.0). The
+    -- key holds "<job id> <due ms>" so a duplicate is answered with its due time
+    -- even after the job itself was acked or deleted.
+    local prev = redis.call('SET', prefix .. 'idem:' .. ikey,
+      id .. ' ' .. string.format('%d', due), 'NX', 'GET', 'PX', idem_window)
     if prev then
       local sp = string.find(prev, ' ', 1, true)
       if sp then
@@ -91,10 +93,6 @@ for i = 0, n - 1 do
     table.insert(kept, existing)
     table.insert(kept, existing_due)
   else
-    local due = due_of(j, now)
-    if idem_key then
-      redis.call('SET', idem_key, id .. ' ' .. string.format('%d', due), 'PX', idem_window)
-    end
     local expire = 0
     if ttl > 0 then expire = now + ttl end
     local rec = {S_SCHEDULED, 0, j[5], due, now, expire, 0, 0, '', '',
@@ -107,7 +105,7 @@ for i = 0, n - 1 do
     else
       save(prefix, id, rec)
       backlog_add(prefix, k_index, id, due)
-      redis.call('HINCRBY', k_stats, 'backlog', 1)
+      delayed = delayed + 1
       if earliest == nil or due < earliest then earliest = due end
     end
     if expire > 0 then redis.call('ZADD', k_exp, expire, id) end
@@ -119,6 +117,8 @@ for i = 0, n - 1 do
   end
 end
 if stored > 0 then redis.call('HINCRBY', k_stats, 'enqueued', stored) end
+-- One counter update per call, not per job.
+if delayed > 0 then redis.call('HINCRBY', k_stats, 'backlog', delayed) end
 if pushed > 0 and was_empty then redis.call('PUBLISH', channel, prefix .. ' ready ' .. pushed) end
 if earliest and (head_due == nil or earliest < head_due) then
   redis.call('PUBLISH', channel, prefix .. ' due ' .. string.format('%d', earliest))

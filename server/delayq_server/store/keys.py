@@ -16,8 +16,15 @@ EVENTS_CHANNEL = "dq:events"  # pub/sub: "<shard prefix> ready" | "<shard prefix
 
 
 def queue_meta_key(namespace: str, queue: str) -> str:
-    """HASH: per-queue settings fixed at creation (``shards``)."""
+    """HASH: per-queue settings: ``shards`` and ``bucket_width`` fixed at creation,
+    the rest (store/queues.py) changeable by UpdateQueue."""
     return f"dq:{{{namespace}/{queue}}}:meta"
+
+
+def queue_event_prefix(namespace: str, queue: str) -> str:
+    """Prefix of a queue's own pub/sub events ("<prefix> queue changed|deleted"):
+    every replica drops its cached settings (store/queues.py)."""
+    return f"dq:{{{namespace}/{queue}}}:"
 
 
 # API tokens (issue 9). One hash tag so creation is one MULTI, on a cluster too.
@@ -116,6 +123,11 @@ class ShardKeys:
     def stats(self) -> str:
         """HASH: counters (enqueued, acked, retried, dead_lettered, expired, backlog)."""
         return self.prefix + "stats"
+
+    @property
+    def paused(self) -> str:
+        """STRING: present while deliveries of the queue are paused (PauseQueue, issue 14)."""
+        return self.prefix + "paused"
 
     @property
     def owner(self) -> str:

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 class Taken:
     ok: bool
     retry_after_ms: int  # when not ok: -1 = never at once (n over the burst)
+    taken: int = 0  # when ok: tokens taken (n, or more up to `up_to`)
 
 
 def _now_arg(now_ms: int | None) -> str:
@@ -44,12 +45,21 @@ class QuotaStore:
         }
 
     async def take_enqueue(
-        self, namespace: str, n: int, rate: float, burst: int, now_ms: int | None = None
+        self,
+        namespace: str,
+        n: int,
+        rate: float,
+        burst: int,
+        now_ms: int | None = None,
+        *,
+        up_to: int = 0,
     ) -> Taken:
-        ok, retry = await self._scripts["quota_rate"](
-            keys=[enqueue_rate_key(namespace)], args=[_now_arg(now_ms), rate, burst, n]
+        """Takes n tokens, or as many as are there up to ``up_to`` (at least n)."""
+        ok, retry, taken = await self._scripts["quota_rate"](
+            keys=[enqueue_rate_key(namespace)],
+            args=[_now_arg(now_ms), rate, burst, n, max(n, up_to)],
         )
-        return Taken(int(ok) == 1, int(retry))
+        return Taken(int(ok) == 1, int(retry), int(taken))
 
     async def admit_queue(self, namespace: str, queue: str, most: int) -> bool:
         """Counts a queue against the namespace's quota; False when it is full."""

@@ -13,22 +13,28 @@ NAMES = (
     "claim",
     "dead",
     "delete",
+    "drop_shard",
     "enqueue",
     "expire",
     "extend",
     "nack",
     "own",
+    "pause",
     "promote",
+    "purge",
     "reap",
     "read",
     "replicas",
     "release",
+    "reschedule",
+    "retain",
+    "update_job",
 )
 
 # Scripts that record lifecycle events: their last argument is the events
 # stream's MAXLEN, 0 = off (lua/includes/events.lua). Store._run appends it.
 RECORDS_EVENTS = frozenset(
-    {"ack", "claim", "dead", "delete", "enqueue", "expire", "nack", "reap", "release"}
+    {"ack", "claim", "dead", "delete", "enqueue", "expire", "nack", "purge", "reap", "release"}
 )
 
 # How long a script's reply is kept for a re-sent call (includes/replay.lua).
@@ -48,6 +54,9 @@ NOT_REPLAYED = frozenset({"promote", "expire"})
 # Not replayed either: reads, and liveness scripts whose re-run sets the same
 # lease or heartbeat again (own.lua, replicas.lua: ARGV[1] is no shard prefix).
 NOT_REPLAYED |= {"read", "own", "replicas"}
+# retain (the janitor's dead-letter retention) deletes only what is still over
+# its bounds, so a re-run is harmless like expire.
+NOT_REPLAYED |= {"retain"}
 REPLAYED = frozenset(NAMES) - NOT_REPLAYED
 # Quota scripts (store/quotas.py) are not replayed either: a re-sent
 # quota_queue or quota_stream is idempotent, and a re-sent quota_rate at worst

@@ -26,6 +26,7 @@ from delayq_server.store.keys import (
     queue_meta_key,
 )
 from delayq_server.store.layout import LAYOUT
+from delayq_server.store.queues import Queues
 from delayq_server.store.records import JobRecord, JobState
 
 if TYPE_CHECKING:
@@ -51,9 +52,10 @@ class StaleLease(Exception):
     """The lease token is no longer current: the job was redelivered, released or retried."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class JobSpec:
-    """One validated job to store."""
+    """One validated job to store. Not frozen: the servicer fills in ``job_id``
+    (and trace headers) in place instead of copying it per job (issue 12 profile)."""
 
     job_id: str
     payload: bytes
@@ -197,6 +199,22 @@ class Store:
         # Told the backlog's next due ms (None: empty) and Redis' now after every
         # claim: this replica's promoter sleeps on it (timers/promoter.py).
         self.on_backlog_head: Callable[[ShardKeys, int | None, int], None] = _ignore_head
+        self.queues = Queues(self)
+
+    def forget_queue(self, namespace: str, queue: str) -> None:
+        """Drops what this replica cached of a deleted queue (shards, width, settings)."""
+        self._shards.pop((namespace, queue), None)
+        self._widths.pop((namespace, queue), None)
+        self.queues.forget(namespace, queue)
+
+    async def completed_retention(self, keys: ShardKeys) -> int:
+        """The queue's completed-retention window, else the server's (issue 14)."""
+        settings = self.queues.cached(keys.namespace, keys.queue)
+        if settings is None:
+            settings = await self.queues.settings(keys.namespace, keys.queue)
+        if settings is None or settings.completed_retention_ms is None:
+            return self.completed_retention_ms
+        return settings.completed_retention_ms
 
     async def load_scripts(self) -> None:
         """Loads every script now, so the first call of each needs no retry."""
@@ -372,7 +390,15 @@ class Store:
         count = min(count, CLAIM_LIMIT)
         out = await self._run(
             "claim",
-            [keys.ready, keys.leased, keys.stats, keys.expiring, keys.dead, keys.index],
+            [
+                keys.ready,
+                keys.leased,
+                keys.stats,
+                keys.expiring,
+                keys.dead,
+                keys.paused,
+                keys.index,
+            ],
             [
                 keys.prefix,
                 _now_arg(now_ms),
@@ -384,7 +410,8 @@ class Store:
             ],
         )
         now, next_due = int(out[0]), int(out[1])
-        self.on_backlog_head(keys, None if next_due < 0 else next_due, now)
+        if next_due != -2:  # -2: paused, the backlog was not read
+            self.on_backlog_head(keys, None if next_due < 0 else next_due, now)
         claimed = []
         for i in range(2, len(out), 3):
             rec = records.decode(out[i + 2])
@@ -395,7 +422,8 @@ class Store:
         self, keys: ShardKeys, leases: Sequence[LeaseRef], now_ms: int | None = None
     ) -> list[int]:
         """Completes leases whose nonce is current; one AckOutcome code per lease."""
-        args: list[Any] = [keys.prefix, _now_arg(now_ms), self.completed_retention_ms, len(leases)]
+        retention = await self.completed_retention(keys)
+        args: list[Any] = [keys.prefix, _now_arg(now_ms), retention, len(leases)]
         for lease in leases:
             args += [lease.job_id, lease.nonce]
         out = await self._run("ack", [keys.leased, keys.stats, keys.expiring, keys.done], args)
@@ -525,7 +553,7 @@ class Store:
                 _now_arg(now_ms),
                 await self._width(keys),
                 limit,
-                self.completed_retention_ms,
+                await self.completed_retention(keys),
             ],
         )
         return ExpireResult(

@@ -185,6 +185,11 @@ class Timers:
     def expect_expiry(self, keys: ShardKeys, in_ms: int) -> None:
         self._janitor.expect(keys, in_ms)
 
+    def sweep_soon(self, namespace: str, queue: str) -> None:
+        """The queue's retention changed: the janitor sweeps its shards at once."""
+        for s in range(self._queues.get((namespace, queue), 0)):
+            self._janitor.expect(ShardKeys(namespace, queue, s), 0)
+
     def wake_all(self) -> None:
         """After a pub/sub gap (reconnect) wake-ups may have been lost: re-check everything.
 
@@ -226,6 +231,16 @@ class Timers:
                 if pair is not None:
                     await asyncio.gather(pair[0].stop(), pair[1].stop())
             log.debug("stopped the idle loops of %s/%s", ns, queue)
+
+    async def forget_queue(self, namespace: str, queue: str) -> None:
+        """The queue was deleted (DeleteQueue, here or on another replica): its
+        loops stop and the janitor no longer sweeps it."""
+        count = self._queues.pop((namespace, queue), 0)
+        self._active.pop((namespace, queue), None)
+        for s in range(count):
+            pair = self._loops.pop(ShardKeys(namespace, queue, s), None)
+            if pair is not None:
+                await asyncio.gather(pair[0].stop(), pair[1].stop())
 
     async def start(self) -> None:
         await self.refresh()

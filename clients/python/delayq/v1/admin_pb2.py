@@ -22,11 +22,13 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from delayq.v1 import job_pb2 as delayq_dot_v1_dot_job__pb2
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
+from google.protobuf import field_mask_pb2 as google_dot_protobuf_dot_field__mask__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x64\x65layq/v1/admin.proto\x12\tdelayq.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xcc\x01\n\tTokenInfo\x12\x10\n\x08token_id\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12#\n\x05roles\x18\x03 \x03(\x0e\x32\x14.delayq.v1.TokenRole\x12\x13\n\x0b\x64\x65scription\x18\x04 \x01(\t\x12/\n\x0b\x63reate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x65xpire_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x89\x01\n\x12\x43reateTokenRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12#\n\x05roles\x18\x02 \x03(\x0e\x32\x14.delayq.v1.TokenRole\x12&\n\x03ttl\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x13\n\x0b\x64\x65scription\x18\x04 \x01(\t\"H\n\x13\x43reateTokenResponse\x12\r\n\x05token\x18\x01 \x01(\t\x12\"\n\x04info\x18\x02 \x01(\x0b\x32\x14.delayq.v1.TokenInfo\"&\n\x11ListTokensRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\":\n\x12ListTokensResponse\x12$\n\x06tokens\x18\x01 \x03(\x0b\x32\x14.delayq.v1.TokenInfo\"&\n\x12RevokeTokenRequest\x12\x10\n\x08token_id\x18\x01 \x01(\t\"\x15\n\x13RevokeTokenResponse*\x82\x01\n\tTokenRole\x12\x1a\n\x16TOKEN_ROLE_UNSPECIFIED\x10\x00\x12\x16\n\x12TOKEN_ROLE_PRODUCE\x10\x01\x12\x16\n\x12TOKEN_ROLE_CONSUME\x10\x02\x12\x13\n\x0fTOKEN_ROLE_READ\x10\x03\x12\x14\n\x10TOKEN_ROLE_ADMIN\x10\x04\x32\xf5\x01\n\x0c\x41\x64minService\x12L\n\x0b\x43reateToken\x12\x1d.delayq.v1.CreateTokenRequest\x1a\x1e.delayq.v1.CreateTokenResponse\x12I\n\nListTokens\x12\x1c.delayq.v1.ListTokensRequest\x1a\x1d.delayq.v1.ListTokensResponse\x12L\n\x0bRevokeToken\x12\x1d.delayq.v1.RevokeTokenRequest\x1a\x1e.delayq.v1.RevokeTokenResponseB7Z5github.com/delayq/delayq/clients/go/delayqv1;delayqv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x64\x65layq/v1/admin.proto\x12\tdelayq.v1\x1a\x13\x64\x65layq/v1/job.proto\x1a\x1egoogle/protobuf/duration.proto\x1a google/protobuf/field_mask.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xcc\x01\n\tTokenInfo\x12\x10\n\x08token_id\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12#\n\x05roles\x18\x03 \x03(\x0e\x32\x14.delayq.v1.TokenRole\x12\x13\n\x0b\x64\x65scription\x18\x04 \x01(\t\x12/\n\x0b\x63reate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x65xpire_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x89\x01\n\x12\x43reateTokenRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12#\n\x05roles\x18\x02 \x03(\x0e\x32\x14.delayq.v1.TokenRole\x12&\n\x03ttl\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x13\n\x0b\x64\x65scription\x18\x04 \x01(\t\"H\n\x13\x43reateTokenResponse\x12\r\n\x05token\x18\x01 \x01(\t\x12\"\n\x04info\x18\x02 \x01(\x0b\x32\x14.delayq.v1.TokenInfo\"&\n\x11ListTokensRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\":\n\x12ListTokensResponse\x12$\n\x06tokens\x18\x01 \x03(\x0b\x32\x14.delayq.v1.TokenInfo\"&\n\x12RevokeTokenRequest\x12\x10\n\x08token_id\x18\x01 \x01(\t\"\x15\n\x13RevokeTokenResponse\"\x90\x02\n\rQueueSettings\x12\x0e\n\x06shards\x18\x01 \x01(\r\x12\x30\n\rdefault_lease\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x14\n\x0cmax_attempts\x18\x03 \x01(\r\x12%\n\x05retry\x18\x04 \x01(\x0b\x32\x16.delayq.v1.RetryPolicy\x12\x36\n\x13\x63ompleted_retention\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x31\n\x0e\x64\x65\x61\x64_retention\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x15\n\rdead_max_jobs\x18\x07 \x01(\x04\"\x8b\x01\n\x05Queue\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12*\n\x08settings\x18\x03 \x01(\x0b\x32\x18.delayq.v1.QueueSettings\x12$\n\x05stats\x18\x04 \x01(\x0b\x32\x15.delayq.v1.QueueStats\x12\x0e\n\x06paused\x18\x05 \x01(\x08\"M\n\x11ListQueuesRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\t\"O\n\x12ListQueuesResponse\x12 \n\x06queues\x18\x01 \x03(\x0b\x32\x10.delayq.v1.Queue\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"b\n\x12\x43reateQueueRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12*\n\x08settings\x18\x03 \x01(\x0b\x32\x18.delayq.v1.QueueSettings\"6\n\x13\x43reateQueueResponse\x12\x1f\n\x05queue\x18\x01 \x01(\x0b\x32\x10.delayq.v1.Queue\"3\n\x0fGetQueueRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\"3\n\x10GetQueueResponse\x12\x1f\n\x05queue\x18\x01 \x01(\x0b\x32\x10.delayq.v1.Queue\"\x93\x01\n\x12UpdateQueueRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12*\n\x08settings\x18\x03 \x01(\x0b\x32\x18.delayq.v1.QueueSettings\x12/\n\x0bupdate_mask\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.FieldMask\"6\n\x13UpdateQueueResponse\x12\x1f\n\x05queue\x18\x01 \x01(\x0b\x32\x10.delayq.v1.Queue\"6\n\x12\x44\x65leteQueueRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\"\x15\n\x13\x44\x65leteQueueResponse\"5\n\x11PauseQueueRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\"5\n\x12PauseQueueResponse\x12\x1f\n\x05queue\x18\x01 \x01(\x0b\x32\x10.delayq.v1.Queue\"6\n\x12ResumeQueueRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\"6\n\x13ResumeQueueResponse\x12\x1f\n\x05queue\x18\x01 \x01(\x0b\x32\x10.delayq.v1.Queue\"h\n\x11PurgeQueueRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\"\n\x05state\x18\x03 \x01(\x0e\x32\x13.delayq.v1.JobState\x12\r\n\x05limit\x18\x04 \x01(\r\"7\n\x12PurgeQueueResponse\x12\x0e\n\x06purged\x18\x01 \x01(\x04\x12\x11\n\tremaining\x18\x02 \x01(\x04\"\xf9\x01\n\x0fListJobsRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\"\n\x05state\x18\x03 \x01(\x0e\x32\x13.delayq.v1.JobState\x12-\n\tfrom_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12+\n\x07to_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tpage_size\x18\x06 \x01(\r\x12\x12\n\npage_token\x18\x07 \x01(\t\x12\x1d\n\x15payload_preview_bytes\x18\x08 \x01(\r\"I\n\x10ListJobsResponse\x12\x1c\n\x04jobs\x18\x01 \x03(\x0b\x32\x0e.delayq.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xbf\x01\n\x14RescheduleJobRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12*\n\x05\x64\x65lay\x18\x04 \x01(\x0b\x32\x19.google.protobuf.DurationH\x00\x12.\n\x08\x64ue_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.TimestampH\x00\x12\r\n\x05\x66orce\x18\x06 \x01(\x08\x42\n\n\x08schedule\"4\n\x15RescheduleJobResponse\x12\x1b\n\x03job\x18\x01 \x01(\x0b\x32\x0e.delayq.v1.Job\"\xf1\x01\n\x10UpdateJobRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\x12\x39\n\x07headers\x18\x05 \x03(\x0b\x32(.delayq.v1.UpdateJobRequest.HeadersEntry\x12/\n\x0bupdate_mask\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.FieldMask\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"0\n\x11UpdateJobResponse\x12\x1b\n\x03job\x18\x01 \x01(\x0b\x32\x0e.delayq.v1.Job\"\x81\x01\n\x19RedriveDeadLettersRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x14\n\x0ctarget_queue\x18\x03 \x01(\t\x12\x0f\n\x07job_ids\x18\x04 \x03(\t\x12\r\n\x05limit\x18\x05 \x01(\r\x12\x0c\n\x04rate\x18\x06 \x01(\r\"A\n\x1aRedriveDeadLettersResponse\x12\x10\n\x08redriven\x18\x01 \x01(\x04\x12\x11\n\tremaining\x18\x02 \x01(\x04*\x82\x01\n\tTokenRole\x12\x1a\n\x16TOKEN_ROLE_UNSPECIFIED\x10\x00\x12\x16\n\x12TOKEN_ROLE_PRODUCE\x10\x01\x12\x16\n\x12TOKEN_ROLE_CONSUME\x10\x02\x12\x13\n\x0fTOKEN_ROLE_READ\x10\x03\x12\x14\n\x10TOKEN_ROLE_ADMIN\x10\x04\x32\x97\t\n\x0c\x41\x64minService\x12L\n\x0b\x43reateToken\x12\x1d.delayq.v1.CreateTokenRequest\x1a\x1e.delayq.v1.CreateTokenResponse\x12I\n\nListTokens\x12\x1c.delayq.v1.ListTokensRequest\x1a\x1d.delayq.v1.ListTokensResponse\x12L\n\x0bRevokeToken\x12\x1d.delayq.v1.RevokeTokenRequest\x1a\x1e.delayq.v1.RevokeTokenResponse\x12I\n\nListQueues\x12\x1c.delayq.v1.ListQueuesRequest\x1a\x1d.delayq.v1.ListQueuesResponse\x12L\n\x0b\x43reateQueue\x12\x1d.delayq.v1.CreateQueueRequest\x1a\x1e.delayq.v1.CreateQueueResponse\x12\x43\n\x08GetQueue\x12\x1a.delayq.v1.GetQueueRequest\x1a\x1b.delayq.v1.GetQueueResponse\x12L\n\x0bUpdateQueue\x12\x1d.delayq.v1.UpdateQueueRequest\x1a\x1e.delayq.v1.UpdateQueueResponse\x12L\n\x0b\x44\x65leteQueue\x12\x1d.delayq.v1.DeleteQueueRequest\x1a\x1e.delayq.v1.DeleteQueueResponse\x12I\n\nPauseQueue\x12\x1c.delayq.v1.PauseQueueRequest\x1a\x1d.delayq.v1.PauseQueueResponse\x12L\n\x0bResumeQueue\x12\x1d.delayq.v1.ResumeQueueRequest\x1a\x1e.delayq.v1.ResumeQueueResponse\x12I\n\nPurgeQueue\x12\x1c.delayq.v1.PurgeQueueRequest\x1a\x1d.delayq.v1.PurgeQueueResponse\x12\x43\n\x08ListJobs\x12\x1a.delayq.v1.ListJobsRequest\x1a\x1b.delayq.v1.ListJobsResponse\x12R\n\rRescheduleJob\x12\x1f.delayq.v1.RescheduleJobRequest\x1a .delayq.v1.RescheduleJobResponse\x12\x46\n\tUpdateJob\x12\x1b.delayq.v1.UpdateJobRequest\x1a\x1c.delayq.v1.UpdateJobResponse\x12\x61\n\x12RedriveDeadLetters\x12$.delayq.v1.RedriveDeadLettersRequest\x1a%.delayq.v1.RedriveDeadLettersResponseB7Z5github.com/delayq/delayq/clients/go/delayqv1;delayqv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,22 +36,78 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'delayq.v1.admin_pb2', _glob
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'Z5github.com/delayq/delayq/clients/go/delayqv1;delayqv1'
-  _globals['_TOKENROLE']._serialized_start=686
-  _globals['_TOKENROLE']._serialized_end=816
-  _globals['_TOKENINFO']._serialized_start=102
-  _globals['_TOKENINFO']._serialized_end=306
-  _globals['_CREATETOKENREQUEST']._serialized_start=309
-  _globals['_CREATETOKENREQUEST']._serialized_end=446
-  _globals['_CREATETOKENRESPONSE']._serialized_start=448
-  _globals['_CREATETOKENRESPONSE']._serialized_end=520
-  _globals['_LISTTOKENSREQUEST']._serialized_start=522
-  _globals['_LISTTOKENSREQUEST']._serialized_end=560
-  _globals['_LISTTOKENSRESPONSE']._serialized_start=562
-  _globals['_LISTTOKENSRESPONSE']._serialized_end=620
-  _globals['_REVOKETOKENREQUEST']._serialized_start=622
-  _globals['_REVOKETOKENREQUEST']._serialized_end=660
-  _globals['_REVOKETOKENRESPONSE']._serialized_start=662
-  _globals['_REVOKETOKENRESPONSE']._serialized_end=683
-  _globals['_ADMINSERVICE']._serialized_start=819
-  _globals['_ADMINSERVICE']._serialized_end=1064
+  _globals['_UPDATEJOBREQUEST_HEADERSENTRY']._loaded_options = None
+  _globals['_UPDATEJOBREQUEST_HEADERSENTRY']._serialized_options = b'8\001'
+  _globals['_TOKENROLE']._serialized_start=3318
+  _globals['_TOKENROLE']._serialized_end=3448
+  _globals['_TOKENINFO']._serialized_start=157
+  _globals['_TOKENINFO']._serialized_end=361
+  _globals['_CREATETOKENREQUEST']._serialized_start=364
+  _globals['_CREATETOKENREQUEST']._serialized_end=501
+  _globals['_CREATETOKENRESPONSE']._serialized_start=503
+  _globals['_CREATETOKENRESPONSE']._serialized_end=575
+  _globals['_LISTTOKENSREQUEST']._serialized_start=577
+  _globals['_LISTTOKENSREQUEST']._serialized_end=615
+  _globals['_LISTTOKENSRESPONSE']._serialized_start=617
+  _globals['_LISTTOKENSRESPONSE']._serialized_end=675
+  _globals['_REVOKETOKENREQUEST']._serialized_start=677
+  _globals['_REVOKETOKENREQUEST']._serialized_end=715
+  _globals['_REVOKETOKENRESPONSE']._serialized_start=717
+  _globals['_REVOKETOKENRESPONSE']._serialized_end=738
+  _globals['_QUEUESETTINGS']._serialized_start=741
+  _globals['_QUEUESETTINGS']._serialized_end=1013
+  _globals['_QUEUE']._serialized_start=1016
+  _globals['_QUEUE']._serialized_end=1155
+  _globals['_LISTQUEUESREQUEST']._serialized_start=1157
+  _globals['_LISTQUEUESREQUEST']._serialized_end=1234
+  _globals['_LISTQUEUESRESPONSE']._serialized_start=1236
+  _globals['_LISTQUEUESRESPONSE']._serialized_end=1315
+  _globals['_CREATEQUEUEREQUEST']._serialized_start=1317
+  _globals['_CREATEQUEUEREQUEST']._serialized_end=1415
+  _globals['_CREATEQUEUERESPONSE']._serialized_start=1417
+  _globals['_CREATEQUEUERESPONSE']._serialized_end=1471
+  _globals['_GETQUEUEREQUEST']._serialized_start=1473
+  _globals['_GETQUEUEREQUEST']._serialized_end=1524
+  _globals['_GETQUEUERESPONSE']._serialized_start=1526
+  _globals['_GETQUEUERESPONSE']._serialized_end=1577
+  _globals['_UPDATEQUEUEREQUEST']._serialized_start=1580
+  _globals['_UPDATEQUEUEREQUEST']._serialized_end=1727
+  _globals['_UPDATEQUEUERESPONSE']._serialized_start=1729
+  _globals['_UPDATEQUEUERESPONSE']._serialized_end=1783
+  _globals['_DELETEQUEUEREQUEST']._serialized_start=1785
+  _globals['_DELETEQUEUEREQUEST']._serialized_end=1839
+  _globals['_DELETEQUEUERESPONSE']._serialized_start=1841
+  _globals['_DELETEQUEUERESPONSE']._serialized_end=1862
+  _globals['_PAUSEQUEUEREQUEST']._serialized_start=1864
+  _globals['_PAUSEQUEUEREQUEST']._serialized_end=1917
+  _globals['_PAUSEQUEUERESPONSE']._serialized_start=1919
+  _globals['_PAUSEQUEUERESPONSE']._serialized_end=1972
+  _globals['_RESUMEQUEUEREQUEST']._serialized_start=1974
+  _globals['_RESUMEQUEUEREQUEST']._serialized_end=2028
+  _globals['_RESUMEQUEUERESPONSE']._serialized_start=2030
+  _globals['_RESUMEQUEUERESPONSE']._serialized_end=2084
+  _globals['_PURGEQUEUEREQUEST']._serialized_start=2086
+  _globals['_PURGEQUEUEREQUEST']._serialized_end=2190
+  _globals['_PURGEQUEUERESPONSE']._serialized_start=2192
+  _globals['_PURGEQUEUERESPONSE']._serialized_end=2247
+  _globals['_LISTJOBSREQUEST']._serialized_start=2250
+  _globals['_LISTJOBSREQUEST']._serialized_end=2499
+  _globals['_LISTJOBSRESPONSE']._serialized_start=2501
+  _globals['_LISTJOBSRESPONSE']._serialized_end=2574
+  _globals['_RESCHEDULEJOBREQUEST']._serialized_start=2577
+  _globals['_RESCHEDULEJOBREQUEST']._serialized_end=2768
+  _globals['_RESCHEDULEJOBRESPONSE']._serialized_start=2770
+  _globals['_RESCHEDULEJOBRESPONSE']._serialized_end=2822
+  _globals['_UPDATEJOBREQUEST']._serialized_start=2825
+  _globals['_UPDATEJOBREQUEST']._serialized_end=3066
+  _globals['_UPDATEJOBREQUEST_HEADERSENTRY']._serialized_start=3020
+  _globals['_UPDATEJOBREQUEST_HEADERSENTRY']._serialized_end=3066
+  _globals['_UPDATEJOBRESPONSE']._serialized_start=3068
+  _globals['_UPDATEJOBRESPONSE']._serialized_end=3116
+  _globals['_REDRIVEDEADLETTERSREQUEST']._serialized_start=3119
+  _globals['_REDRIVEDEADLETTERSREQUEST']._serialized_end=3248
+  _globals['_REDRIVEDEADLETTERSRESPONSE']._serialized_start=3250
+  _globals['_REDRIVEDEADLETTERSRESPONSE']._serialized_end=3315
+  _globals['_ADMINSERVICE']._serialized_start=3451
+  _globals['_ADMINSERVICE']._serialized_end=4626
 # @@protoc_insertion_point(module_scope)

@@ -4,8 +4,10 @@ isort:skip_file
 """
 
 from collections import abc as _abc
+from delayq.v1 import job_pb2 as _job_pb2
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import duration_pb2 as _duration_pb2
+from google.protobuf import field_mask_pb2 as _field_mask_pb2
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
@@ -255,3 +257,853 @@ class RevokeTokenResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RevokeTokenResponse: _TypeAlias = RevokeTokenResponse  # noqa: Y015
+
+@_typing.final
+class QueueSettings(_message.Message):
+    """QueueSettings are a queue's own settings; a zero or unset field means the
+    server default (its flag), so a queue follows later changes of the flag.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SHARDS_FIELD_NUMBER: _builtins.int
+    DEFAULT_LEASE_FIELD_NUMBER: _builtins.int
+    MAX_ATTEMPTS_FIELD_NUMBER: _builtins.int
+    RETRY_FIELD_NUMBER: _builtins.int
+    COMPLETED_RETENTION_FIELD_NUMBER: _builtins.int
+    DEAD_RETENTION_FIELD_NUMBER: _builtins.int
+    DEAD_MAX_JOBS_FIELD_NUMBER: _builtins.int
+    shards: _builtins.int
+    """Shards (unit of atomicity and of spreading over a cluster), 1 to 1024.
+    Fixed at creation; 0: the server's --shards-per-queue.
+    """
+    max_attempts: _builtins.int
+    """Deliveries allowed when an Enqueue gives none, 1 to 1000."""
+    dead_max_jobs: _builtins.int
+    """At most this many dead jobs are kept (oldest deleted first), 1 to 100000000."""
+    @_builtins.property
+    def default_lease(self) -> _duration_pb2.Duration:
+        """Lease of a delivery when a Consume stream gives none, 1 s to 12 h."""
+
+    @_builtins.property
+    def retry(self) -> _job_pb2.RetryPolicy:
+        """Backoff when an Enqueue gives no retry policy."""
+
+    @_builtins.property
+    def completed_retention(self) -> _duration_pb2.Duration:
+        """How long acked jobs stay visible as COMPLETED tombstones, 0 to 366 days."""
+
+    @_builtins.property
+    def dead_retention(self) -> _duration_pb2.Duration:
+        """Dead jobs older than this are deleted by the janitor, 1 s to 3660 days."""
+
+    def __init__(
+        self,
+        *,
+        shards: _builtins.int = ...,
+        default_lease: _duration_pb2.Duration | None = ...,
+        max_attempts: _builtins.int = ...,
+        retry: _job_pb2.RetryPolicy | None = ...,
+        completed_retention: _duration_pb2.Duration | None = ...,
+        dead_retention: _duration_pb2.Duration | None = ...,
+        dead_max_jobs: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["completed_retention", b"completed_retention", "dead_retention", b"dead_retention", "default_lease", b"default_lease", "retry", b"retry"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["completed_retention", b"completed_retention", "dead_max_jobs", b"dead_max_jobs", "dead_retention", b"dead_retention", "default_lease", b"default_lease", "max_attempts", b"max_attempts", "retry", b"retry", "shards", b"shards"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QueueSettings: _TypeAlias = QueueSettings  # noqa: Y015
+
+@_typing.final
+class Queue(_message.Message):
+    """Queue is one queue as the administration sees it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
+    SETTINGS_FIELD_NUMBER: _builtins.int
+    STATS_FIELD_NUMBER: _builtins.int
+    PAUSED_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    """Namespace of the queue."""
+    queue: _builtins.str
+    """Queue name."""
+    paused: _builtins.bool
+    """Deliveries are paused (PauseQueue)."""
+    @_builtins.property
+    def settings(self) -> Global___QueueSettings:
+        """Its settings (unset fields: the server default)."""
+
+    @_builtins.property
+    def stats(self) -> _job_pb2.QueueStats:
+        """Counts per state and lifetime counters."""
+
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+        queue: _builtins.str = ...,
+        settings: Global___QueueSettings | None = ...,
+        stats: _job_pb2.QueueStats | None = ...,
+        paused: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["settings", b"settings", "stats", b"stats"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["namespace", b"namespace", "paused", b"paused", "queue", b"queue", "settings", b"settings", "stats", b"stats"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Queue: _TypeAlias = Queue  # noqa: Y015
+
+@_typing.final
+class ListQueuesRequest(_message.Message):
+    """ListQueuesRequest pages through queues."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    """Only this namespace; empty: every namespace the caller may read."""
+    page_size: _builtins.int
+    """Most queues to return, 1 to 500. 0: 100."""
+    page_token: _builtins.str
+    """From a previous response's next_page_token; empty for the first page."""
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["namespace", b"namespace", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListQueuesRequest: _TypeAlias = ListQueuesRequest  # noqa: Y015
+
+@_typing.final
+class ListQueuesResponse(_message.Message):
+    """ListQueuesResponse is one page of queues."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    QUEUES_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Token for the next page; empty at the end."""
+    @_builtins.property
+    def queues(self) -> _containers.RepeatedCompositeFieldContainer[Global___Queue]:
+        """The queues, by namespace then name."""
+
+    def __init__(
+        self,
+        *,
+        queues: _abc.Iterable[Global___Queue] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "queues", b"queues"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListQueuesResponse: _TypeAlias = ListQueuesResponse  # noqa: Y015
+
+@_typing.final
+class CreateQueueRequest(_message.Message):
+    """CreateQueueRequest names the queue and its settings."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
+    SETTINGS_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    """Namespace; empty means "default"."""
+    queue: _builtins.str
+    """Queue name."""
+    @_builtins.property
+    def settings(self) -> Global___QueueSettings:
+        """Settings; unset fields take the server defaults."""
+
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+        queue: _builtins.str = ...,
+        settings: Global___QueueSettings | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["settings", b"settings"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["namespace", b"namespace", "queue", b"queue", "settings", b"settings"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateQueueRequest: _TypeAlias = CreateQueueRequest  # noqa: Y015
+
+@_typing.final
+class CreateQueueResponse(_message.Message):
+    """CreateQueueResponse holds the new queue."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    QUEUE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def queue(self) -> Global___Queue:
+        """The queue as stored."""
+
+    def __init__(
+        self,
+        *,
+        queue: Global___Queue | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["queue", b"queue"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["queue", b"queue"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateQueueResponse: _TypeAlias = CreateQueueResponse  # noqa: Y015
+
+@_typing.final
+class GetQueueRequest(_message.Message):
+    """GetQueueRequest names one queue."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    """Namespace; empty means "default"."""
+    queue: _builtins.str
+    """Queue name."""
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+        queue: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["namespace", b"namespace", "queue", b"queue"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetQueueRequest: _TypeAlias = GetQueueRequest  # noqa: Y015
+
+@_typing.final
+class GetQueueResponse(_message.Message):
+    """GetQueueResponse holds the queue."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    QUEUE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def queue(self) -> Global___Queue:
+        """The queue."""
+
+    def __init__(
+        self,
+        *,
+        queue: Global___Queue | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["queue", b"queue"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["queue", b"queue"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetQueueResponse: _TypeAlias = GetQueueResponse  # noqa: Y015
+
+@_typing.final
+class UpdateQueueRequest(_message.Message):
+    """UpdateQueueRequest changes some settings."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
+    SETTINGS_FIELD_NUMBER: _builtins.int
+    UPDATE_MASK_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    """Namespace; empty means "default"."""
+    queue: _builtins.str
+    """Queue name."""
+    @_builtins.property
+    def settings(self) -> Global___QueueSettings:
+        """New values of the fields named in update_mask."""
+
+    @_builtins.property
+    def update_mask(self) -> _field_mask_pb2.FieldMask:
+        """QueueSettings fields to change (default_lease, max_attempts, retry,
+        completed_retention, dead_retention, dead_max_jobs); at least one. A named
+        field left unset goes back to the server default.
+        """
+
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+        queue: _builtins.str = ...,
+        settings: Global___QueueSettings | None = ...,
+        update_mask: _field_mask_pb2.FieldMask | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["settings", b"settings", "update_mask", b"update_mask"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["namespace", b"namespace", "queue", b"queue", "settings", b"settings", "update_mask", b"update_mask"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateQueueRequest: _TypeAlias = UpdateQueueRequest  # noqa: Y015
+
+@_typing.final
+class UpdateQueueResponse(_message.Message):
+    """UpdateQueueResponse holds the updated queue."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    QUEUE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def queue(self) -> Global___Queue:
+        """The queue after the change."""
+
+    def __init__(
+        self,
+        *,
+        queue: Global___Queue | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["queue", b"queue"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["queue", b"queue"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateQueueResponse: _TypeAlias = UpdateQueueResponse  # noqa: Y015
+
+@_typing.final
+class DeleteQueueRequest(_message.Message):
+    """DeleteQueueRequest names one queue."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    """Namespace; empty means "default"."""
+    queue: _builtins.str
+    """Queue name."""
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+        queue: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["namespace", b"namespace", "queue", b"queue"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteQueueRequest: _TypeAlias = DeleteQueueRequest  # noqa: Y015
+
+@_typing.final
+class DeleteQueueResponse(_message.Message):
+    """DeleteQueueResponse is empty: the queue is gone."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteQueueResponse: _TypeAlias = DeleteQueueResponse  # noqa: Y015
+
+@_typing.final
+class PauseQueueRequest(_message.Message):
+    """PauseQueueRequest names one queue."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    """Namespace; empty means "default"."""
+    queue: _builtins.str
+    """Queue name."""
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+        queue: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["namespace", b"namespace", "queue", b"queue"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PauseQueueRequest: _TypeAlias = PauseQueueRequest  # noqa: Y015
+
+@_typing.final
+class PauseQueueResponse(_message.Message):
+    """PauseQueueResponse holds the paused queue."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    QUEUE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def queue(self) -> Global___Queue:
+        """The queue (paused set)."""
+
+    def __init__(
+        self,
+        *,
+        queue: Global___Queue | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["queue", b"queue"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["queue", b"queue"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PauseQueueResponse: _TypeAlias = PauseQueueResponse  # noqa: Y015
+
+@_typing.final
+class ResumeQueueRequest(_message.Message):
+    """ResumeQueueRequest names one queue."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    """Namespace; empty means "default"."""
+    queue: _builtins.str
+    """Queue name."""
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+        queue: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["namespace", b"namespace", "queue", b"queue"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResumeQueueRequest: _TypeAlias = ResumeQueueRequest  # noqa: Y015
+
+@_typing.final
+class ResumeQueueResponse(_message.Message):
+    """ResumeQueueResponse holds the resumed queue."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    QUEUE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def queue(self) -> Global___Queue:
+        """The queue (paused cleared)."""
+
+    def __init__(
+        self,
+        *,
+        queue: Global___Queue | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["queue", b"queue"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["queue", b"queue"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResumeQueueResponse: _TypeAlias = ResumeQueueResponse  # noqa: Y015
+
+@_typing.final
+class PurgeQueueRequest(_message.Message):
+    """PurgeQueueRequest says what to delete in this step."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    """Namespace; empty means "default"."""
+    queue: _builtins.str
+    """Queue name."""
+    state: _job_pb2.JobState.ValueType
+    """Only jobs in this state; JOB_STATE_UNSPECIFIED: every state."""
+    limit: _builtins.int
+    """Most jobs to delete in this call, 1 to 10000. 0: 1000."""
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+        queue: _builtins.str = ...,
+        state: _job_pb2.JobState.ValueType = ...,
+        limit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit", "namespace", b"namespace", "queue", b"queue", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PurgeQueueRequest: _TypeAlias = PurgeQueueRequest  # noqa: Y015
+
+@_typing.final
+class PurgeQueueResponse(_message.Message):
+    """PurgeQueueResponse is the progress of a purge."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PURGED_FIELD_NUMBER: _builtins.int
+    REMAINING_FIELD_NUMBER: _builtins.int
+    purged: _builtins.int
+    """Jobs deleted by this call."""
+    remaining: _builtins.int
+    """Jobs left in the purged state(s); 0 when the purge is complete."""
+    def __init__(
+        self,
+        *,
+        purged: _builtins.int = ...,
+        remaining: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["purged", b"purged", "remaining", b"remaining"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PurgeQueueResponse: _TypeAlias = PurgeQueueResponse  # noqa: Y015
+
+@_typing.final
+class ListJobsRequest(_message.Message):
+    """ListJobsRequest picks a state, a range and a page."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    FROM_TIME_FIELD_NUMBER: _builtins.int
+    TO_TIME_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    PAYLOAD_PREVIEW_BYTES_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    """Namespace; empty means "default"."""
+    queue: _builtins.str
+    """Queue name."""
+    state: _job_pb2.JobState.ValueType
+    """State to list (required). Order: SCHEDULED by due time, READY oldest first,
+    LEASED by lease deadline, DEAD by time of death, COMPLETED by completion.
+    """
+    page_size: _builtins.int
+    """Most jobs to return, 1 to 500. 0: 50."""
+    page_token: _builtins.str
+    """From a previous response's next_page_token (same state and range)."""
+    payload_preview_bytes: _builtins.int
+    """Payloads are cut to this many bytes (Query returns a whole job), 0 to 65536.
+    0: 256.
+    """
+    @_builtins.property
+    def from_time(self) -> _timestamp_pb2.Timestamp:
+        """Only jobs whose ordering time (see `state`) is at or after this; unset: no bound."""
+
+    @_builtins.property
+    def to_time(self) -> _timestamp_pb2.Timestamp:
+        """Only jobs whose ordering time is before this; unset: no bound."""
+
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+        queue: _builtins.str = ...,
+        state: _job_pb2.JobState.ValueType = ...,
+        from_time: _timestamp_pb2.Timestamp | None = ...,
+        to_time: _timestamp_pb2.Timestamp | None = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+        payload_preview_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["from_time", b"from_time", "to_time", b"to_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["from_time", b"from_time", "namespace", b"namespace", "page_size", b"page_size", "page_token", b"page_token", "payload_preview_bytes", b"payload_preview_bytes", "queue", b"queue", "state", b"state", "to_time", b"to_time"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListJobsRequest: _TypeAlias = ListJobsRequest  # noqa: Y015
+
+@_typing.final
+class ListJobsResponse(_message.Message):
+    """ListJobsResponse is one page of jobs."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOBS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Token for the next page; empty at the end."""
+    @_builtins.property
+    def jobs(self) -> _containers.RepeatedCompositeFieldContainer[_job_pb2.Job]:
+        """The jobs (payload cut to payload_preview_bytes)."""
+
+    def __init__(
+        self,
+        *,
+        jobs: _abc.Iterable[_job_pb2.Job] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["jobs", b"jobs", "next_page_token", b"next_page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListJobsResponse: _TypeAlias = ListJobsResponse  # noqa: Y015
+
+@_typing.final
+class RescheduleJobRequest(_message.Message):
+    """RescheduleJobRequest names a job and its new due time."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    DELAY_FIELD_NUMBER: _builtins.int
+    DUE_TIME_FIELD_NUMBER: _builtins.int
+    FORCE_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    """Namespace; empty means "default"."""
+    queue: _builtins.str
+    """Queue name."""
+    job_id: _builtins.str
+    """Job id."""
+    force: _builtins.bool
+    """Also take back a leased job (its lease becomes stale, the attempt counts)."""
+    @_builtins.property
+    def delay(self) -> _duration_pb2.Duration:
+        """Due this long after now (0 to 366 days)."""
+
+    @_builtins.property
+    def due_time(self) -> _timestamp_pb2.Timestamp:
+        """Due at this instant (server clock); a past instant means now."""
+
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+        queue: _builtins.str = ...,
+        job_id: _builtins.str = ...,
+        delay: _duration_pb2.Duration | None = ...,
+        due_time: _timestamp_pb2.Timestamp | None = ...,
+        force: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["delay", b"delay", "due_time", b"due_time", "schedule", b"schedule"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delay", b"delay", "due_time", b"due_time", "force", b"force", "job_id", b"job_id", "namespace", b"namespace", "queue", b"queue", "schedule", b"schedule"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_schedule: _TypeAlias = _typing.Literal["delay", "due_time"]  # noqa: Y015
+    _WhichOneofArgType_schedule: _TypeAlias = _typing.Literal["schedule", b"schedule"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_schedule) -> _WhichOneofReturnType_schedule | None: ...
+
+Global___RescheduleJobRequest: _TypeAlias = RescheduleJobRequest  # noqa: Y015
+
+@_typing.final
+class RescheduleJobResponse(_message.Message):
+    """RescheduleJobResponse holds the job after the move."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def job(self) -> _job_pb2.Job:
+        """The job (SCHEDULED, or READY when due now)."""
+
+    def __init__(
+        self,
+        *,
+        job: _job_pb2.Job | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RescheduleJobResponse: _TypeAlias = RescheduleJobResponse  # noqa: Y015
+
+@_typing.final
+class UpdateJobRequest(_message.Message):
+    """UpdateJobRequest replaces parts of a waiting job."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class HeadersEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    PAYLOAD_FIELD_NUMBER: _builtins.int
+    HEADERS_FIELD_NUMBER: _builtins.int
+    UPDATE_MASK_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    """Namespace; empty means "default"."""
+    queue: _builtins.str
+    """Queue name."""
+    job_id: _builtins.str
+    """Job id."""
+    payload: _builtins.bytes
+    """New payload (1 byte to the server's limit) when update_mask names "payload"."""
+    @_builtins.property
+    def headers(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """New headers (replacing all of them) when update_mask names "headers"."""
+
+    @_builtins.property
+    def update_mask(self) -> _field_mask_pb2.FieldMask:
+        """"payload" and/or "headers"."""
+
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+        queue: _builtins.str = ...,
+        job_id: _builtins.str = ...,
+        payload: _builtins.bytes = ...,
+        headers: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        update_mask: _field_mask_pb2.FieldMask | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["update_mask", b"update_mask"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["headers", b"headers", "job_id", b"job_id", "namespace", b"namespace", "payload", b"payload", "queue", b"queue", "update_mask", b"update_mask"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateJobRequest: _TypeAlias = UpdateJobRequest  # noqa: Y015
+
+@_typing.final
+class UpdateJobResponse(_message.Message):
+    """UpdateJobResponse holds the job after the change."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def job(self) -> _job_pb2.Job:
+        """The updated job."""
+
+    def __init__(
+        self,
+        *,
+        job: _job_pb2.Job | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateJobResponse: _TypeAlias = UpdateJobResponse  # noqa: Y015
+
+@_typing.final
+class RedriveDeadLettersRequest(_message.Message):
+    """RedriveDeadLettersRequest picks dead jobs and where they go."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
+    TARGET_QUEUE_FIELD_NUMBER: _builtins.int
+    JOB_IDS_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    RATE_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    """Namespace; empty means "default"."""
+    queue: _builtins.str
+    """Queue whose dead jobs are moved."""
+    target_queue: _builtins.str
+    """Queue (same namespace) they go to; empty: the same queue. It must exist."""
+    limit: _builtins.int
+    """Most jobs to move in this call, 1 to 10000. 0: 1000."""
+    rate: _builtins.int
+    """Most jobs per second (the call takes longer instead), 0 to 100000. 0: no limit."""
+    @_builtins.property
+    def job_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Only these jobs; empty: the oldest dead jobs, up to `limit`."""
+
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+        queue: _builtins.str = ...,
+        target_queue: _builtins.str = ...,
+        job_ids: _abc.Iterable[_builtins.str] | None = ...,
+        limit: _builtins.int = ...,
+        rate: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_ids", b"job_ids", "limit", b"limit", "namespace", b"namespace", "queue", b"queue", "rate", b"rate", "target_queue", b"target_queue"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RedriveDeadLettersRequest: _TypeAlias = RedriveDeadLettersRequest  # noqa: Y015
+
+@_typing.final
+class RedriveDeadLettersResponse(_message.Message):
+    """RedriveDeadLettersResponse is the progress of a redrive."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REDRIVEN_FIELD_NUMBER: _builtins.int
+    REMAINING_FIELD_NUMBER: _builtins.int
+    redriven: _builtins.int
+    """Jobs moved by this call."""
+    remaining: _builtins.int
+    """Dead jobs left in the source queue."""
+    def __init__(
+        self,
+        *,
+        redriven: _builtins.int = ...,
+        remaining: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["redriven", b"redriven", "remaining", b"remaining"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RedriveDeadLettersResponse: _TypeAlias = RedriveDeadLettersResponse  # noqa: Y015

@@ -27,8 +27,13 @@ if _version_not_supported:
 
 class AdminServiceStub:
     """AdminService manages the API tokens that authenticate calls when the server
-    runs with auth on (`--auth`). Every RPC needs a token with the admin role;
-    an admin token bound to one namespace manages only that namespace's tokens.
+    runs with auth on (`--auth`), and administers queues and their jobs (issue 14).
+    Token RPCs and every RPC that changes something need a token with the admin
+    role; ListQueues, GetQueue and ListJobs need the read role. A token bound to
+    one namespace reaches only that namespace's tokens and queues.
+
+    Every call does bounded work: a long operation (purge, redrive) is done in
+    steps, each call answering with what it did and what is left.
 
     Errors common to every RPC: UNAUTHENTICATED (missing, unknown, expired or
     revoked token), PERMISSION_DENIED (not an admin token, or another namespace),
@@ -56,12 +61,77 @@ class AdminServiceStub:
                 request_serializer=delayq_dot_v1_dot_admin__pb2.RevokeTokenRequest.SerializeToString,
                 response_deserializer=delayq_dot_v1_dot_admin__pb2.RevokeTokenResponse.FromString,
                 _registered_method=True)
+        self.ListQueues = channel.unary_unary(
+                '/delayq.v1.AdminService/ListQueues',
+                request_serializer=delayq_dot_v1_dot_admin__pb2.ListQueuesRequest.SerializeToString,
+                response_deserializer=delayq_dot_v1_dot_admin__pb2.ListQueuesResponse.FromString,
+                _registered_method=True)
+        self.CreateQueue = channel.unary_unary(
+                '/delayq.v1.AdminService/CreateQueue',
+                request_serializer=delayq_dot_v1_dot_admin__pb2.CreateQueueRequest.SerializeToString,
+                response_deserializer=delayq_dot_v1_dot_admin__pb2.CreateQueueResponse.FromString,
+                _registered_method=True)
+        self.GetQueue = channel.unary_unary(
+                '/delayq.v1.AdminService/GetQueue',
+                request_serializer=delayq_dot_v1_dot_admin__pb2.GetQueueRequest.SerializeToString,
+                response_deserializer=delayq_dot_v1_dot_admin__pb2.GetQueueResponse.FromString,
+                _registered_method=True)
+        self.UpdateQueue = channel.unary_unary(
+                '/delayq.v1.AdminService/UpdateQueue',
+                request_serializer=delayq_dot_v1_dot_admin__pb2.UpdateQueueRequest.SerializeToString,
+                response_deserializer=delayq_dot_v1_dot_admin__pb2.UpdateQueueResponse.FromString,
+                _registered_method=True)
+        self.DeleteQueue = channel.unary_unary(
+                '/delayq.v1.AdminService/DeleteQueue',
+                request_serializer=delayq_dot_v1_dot_admin__pb2.DeleteQueueRequest.SerializeToString,
+                response_deserializer=delayq_dot_v1_dot_admin__pb2.DeleteQueueResponse.FromString,
+                _registered_method=True)
+        self.PauseQueue = channel.unary_unary(
+                '/delayq.v1.AdminService/PauseQueue',
+                request_serializer=delayq_dot_v1_dot_admin__pb2.PauseQueueRequest.SerializeToString,
+                response_deserializer=delayq_dot_v1_dot_admin__pb2.PauseQueueResponse.FromString,
+                _registered_method=True)
+        self.ResumeQueue = channel.unary_unary(
+                '/delayq.v1.AdminService/ResumeQueue',
+                request_serializer=delayq_dot_v1_dot_admin__pb2.ResumeQueueRequest.SerializeToString,
+                response_deserializer=delayq_dot_v1_dot_admin__pb2.ResumeQueueResponse.FromString,
+                _registered_method=True)
+        self.PurgeQueue = channel.unary_unary(
+                '/delayq.v1.AdminService/PurgeQueue',
+                request_serializer=delayq_dot_v1_dot_admin__pb2.PurgeQueueRequest.SerializeToString,
+                response_deserializer=delayq_dot_v1_dot_admin__pb2.PurgeQueueResponse.FromString,
+                _registered_method=True)
+        self.ListJobs = channel.unary_unary(
+                '/delayq.v1.AdminService/ListJobs',
+                request_serializer=delayq_dot_v1_dot_admin__pb2.ListJobsRequest.SerializeToString,
+                response_deserializer=delayq_dot_v1_dot_admin__pb2.ListJobsResponse.FromString,
+                _registered_method=True)
+        self.RescheduleJob = channel.unary_unary(
+                '/delayq.v1.AdminService/RescheduleJob',
+                request_serializer=delayq_dot_v1_dot_admin__pb2.RescheduleJobRequest.SerializeToString,
+                response_deserializer=delayq_dot_v1_dot_admin__pb2.RescheduleJobResponse.FromString,
+                _registered_method=True)
+        self.UpdateJob = channel.unary_unary(
+                '/delayq.v1.AdminService/UpdateJob',
+                request_serializer=delayq_dot_v1_dot_admin__pb2.UpdateJobRequest.SerializeToString,
+                response_deserializer=delayq_dot_v1_dot_admin__pb2.UpdateJobResponse.FromString,
+                _registered_method=True)
+        self.RedriveDeadLetters = channel.unary_unary(
+                '/delayq.v1.AdminService/RedriveDeadLetters',
+                request_serializer=delayq_dot_v1_dot_admin__pb2.RedriveDeadLettersRequest.SerializeToString,
+                response_deserializer=delayq_dot_v1_dot_admin__pb2.RedriveDeadLettersResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
     """AdminService manages the API tokens that authenticate calls when the server
-    runs with auth on (`--auth`). Every RPC needs a token with the admin role;
-    an admin token bound to one namespace manages only that namespace's tokens.
+    runs with auth on (`--auth`), and administers queues and their jobs (issue 14).
+    Token RPCs and every RPC that changes something need a token with the admin
+    role; ListQueues, GetQueue and ListJobs need the read role. A token bound to
+    one namespace reaches only that namespace's tokens and queues.
+
+    Every call does bounded work: a long operation (purge, redrive) is done in
+    steps, each call answering with what it did and what is left.
 
     Errors common to every RPC: UNAUTHENTICATED (missing, unknown, expired or
     revoked token), PERMISSION_DENIED (not an admin token, or another namespace),
@@ -93,6 +163,115 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListQueues(self, request, context):
+        """ListQueues lists queues with their settings and counts, by namespace then name.
+        Errors: INVALID_ARGUMENT (namespace, page_size, page_token).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateQueue(self, request, context):
+        """CreateQueue creates a queue with explicit settings (a queue is otherwise
+        created with the server defaults by its first Enqueue or Consume).
+        Errors: INVALID_ARGUMENT (a setting), ALREADY_EXISTS, RESOURCE_EXHAUSTED (queue quota).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetQueue(self, request, context):
+        """GetQueue returns one queue's settings, counts and paused flag.
+        Errors: INVALID_ARGUMENT, NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateQueue(self, request, context):
+        """UpdateQueue changes the settings named in update_mask; they apply to jobs
+        enqueued and streams opened afterwards. `shards` is fixed at creation.
+        Errors: INVALID_ARGUMENT (update_mask or a setting), NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteQueue(self, request, context):
+        """DeleteQueue removes an empty queue (purge it first) and stops its timers on
+        every replica. Errors: INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION (not empty).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PauseQueue(self, request, context):
+        """PauseQueue stops deliveries of a queue: Consume streams claim nothing from
+        it until ResumeQueue. Enqueue is still accepted, due jobs still become
+        ready, leases in flight are untouched (they can be acked, nacked, extended).
+        Errors: INVALID_ARGUMENT, NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeQueue(self, request, context):
+        """ResumeQueue lets deliveries of a paused queue go on; idle streams wake at once.
+        Errors: INVALID_ARGUMENT, NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PurgeQueue(self, request, context):
+        """PurgeQueue deletes up to `limit` jobs of a queue (one state, or every state)
+        and says how many are left: call again until `remaining` is 0.
+        A purged leased job's lease becomes unknown (its Ack answers UNKNOWN).
+        Errors: INVALID_ARGUMENT, NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListJobs(self, request, context):
+        """ListJobs pages through the jobs of one state, optionally within a time range.
+        Errors: INVALID_ARGUMENT (state, range, page_size, page_token), NOT_FOUND (queue).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RescheduleJob(self, request, context):
+        """RescheduleJob moves a scheduled or ready job to a new due time atomically,
+        keeping its id, payload and attempts. A leased job is refused unless
+        `force`: then its lease is taken back (the holder's Ack answers STALE) and
+        the attempt stays counted. Errors: INVALID_ARGUMENT, NOT_FOUND (queue or
+        job), FAILED_PRECONDITION (leased without force, dead, completed, or the
+        new due time is past the job's TTL).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateJob(self, request, context):
+        """UpdateJob replaces the payload and/or headers of a scheduled or ready job.
+        Errors: INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION (leased, dead or completed).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RedriveDeadLetters(self, request, context):
+        """RedriveDeadLetters moves up to `limit` dead jobs back to ready, in the same
+        queue (atomically, ids kept) or another one (new ids; the header
+        `delayq-redriven-from` names the old job), at most `rate` jobs per second.
+        Call again until `remaining` is 0.
+        Errors: INVALID_ARGUMENT, NOT_FOUND (queue or target queue).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -111,6 +290,66 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     request_deserializer=delayq_dot_v1_dot_admin__pb2.RevokeTokenRequest.FromString,
                     response_serializer=delayq_dot_v1_dot_admin__pb2.RevokeTokenResponse.SerializeToString,
             ),
+            'ListQueues': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListQueues,
+                    request_deserializer=delayq_dot_v1_dot_admin__pb2.ListQueuesRequest.FromString,
+                    response_serializer=delayq_dot_v1_dot_admin__pb2.ListQueuesResponse.SerializeToString,
+            ),
+            'CreateQueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateQueue,
+                    request_deserializer=delayq_dot_v1_dot_admin__pb2.CreateQueueRequest.FromString,
+                    response_serializer=delayq_dot_v1_dot_admin__pb2.CreateQueueResponse.SerializeToString,
+            ),
+            'GetQueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetQueue,
+                    request_deserializer=delayq_dot_v1_dot_admin__pb2.GetQueueRequest.FromString,
+                    response_serializer=delayq_dot_v1_dot_admin__pb2.GetQueueResponse.SerializeToString,
+            ),
+            'UpdateQueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateQueue,
+                    request_deserializer=delayq_dot_v1_dot_admin__pb2.UpdateQueueRequest.FromString,
+                    response_serializer=delayq_dot_v1_dot_admin__pb2.UpdateQueueResponse.SerializeToString,
+            ),
+            'DeleteQueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteQueue,
+                    request_deserializer=delayq_dot_v1_dot_admin__pb2.DeleteQueueRequest.FromString,
+                    response_serializer=delayq_dot_v1_dot_admin__pb2.DeleteQueueResponse.SerializeToString,
+            ),
+            'PauseQueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.PauseQueue,
+                    request_deserializer=delayq_dot_v1_dot_admin__pb2.PauseQueueRequest.FromString,
+                    response_serializer=delayq_dot_v1_dot_admin__pb2.PauseQueueResponse.SerializeToString,
+            ),
+            'ResumeQueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeQueue,
+                    request_deserializer=delayq_dot_v1_dot_admin__pb2.ResumeQueueRequest.FromString,
+                    response_serializer=delayq_dot_v1_dot_admin__pb2.ResumeQueueResponse.SerializeToString,
+            ),
+            'PurgeQueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.PurgeQueue,
+                    request_deserializer=delayq_dot_v1_dot_admin__pb2.PurgeQueueRequest.FromString,
+                    response_serializer=delayq_dot_v1_dot_admin__pb2.PurgeQueueResponse.SerializeToString,
+            ),
+            'ListJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListJobs,
+                    request_deserializer=delayq_dot_v1_dot_admin__pb2.ListJobsRequest.FromString,
+                    response_serializer=delayq_dot_v1_dot_admin__pb2.ListJobsResponse.SerializeToString,
+            ),
+            'RescheduleJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.RescheduleJob,
+                    request_deserializer=delayq_dot_v1_dot_admin__pb2.RescheduleJobRequest.FromString,
+                    response_serializer=delayq_dot_v1_dot_admin__pb2.RescheduleJobResponse.SerializeToString,
+            ),
+            'UpdateJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateJob,
+                    request_deserializer=delayq_dot_v1_dot_admin__pb2.UpdateJobRequest.FromString,
+                    response_serializer=delayq_dot_v1_dot_admin__pb2.UpdateJobResponse.SerializeToString,
+            ),
+            'RedriveDeadLetters': grpc.unary_unary_rpc_method_handler(
+                    servicer.RedriveDeadLetters,
+                    request_deserializer=delayq_dot_v1_dot_admin__pb2.RedriveDeadLettersRequest.FromString,
+                    response_serializer=delayq_dot_v1_dot_admin__pb2.RedriveDeadLettersResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'delayq.v1.AdminService', rpc_method_handlers)
@@ -121,8 +360,13 @@ def add_AdminServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class AdminService:
     """AdminService manages the API tokens that authenticate calls when the server
-    runs with auth on (`--auth`). Every RPC needs a token with the admin role;
-    an admin token bound to one namespace manages only that namespace's tokens.
+    runs with auth on (`--auth`), and administers queues and their jobs (issue 14).
+    Token RPCs and every RPC that changes something need a token with the admin
+    role; ListQueues, GetQueue and ListJobs need the read role. A token bound to
+    one namespace reaches only that namespace's tokens and queues.
+
+    Every call does bounded work: a long operation (purge, redrive) is done in
+    steps, each call answering with what it did and what is left.
 
     Errors common to every RPC: UNAUTHENTICATED (missing, unknown, expired or
     revoked token), PERMISSION_DENIED (not an admin token, or another namespace),
@@ -200,6 +444,330 @@ class AdminService:
             '/delayq.v1.AdminService/RevokeToken',
             delayq_dot_v1_dot_admin__pb2.RevokeTokenRequest.SerializeToString,
             delayq_dot_v1_dot_admin__pb2.RevokeTokenResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListQueues(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/delayq.v1.AdminService/ListQueues',
+            delayq_dot_v1_dot_admin__pb2.ListQueuesRequest.SerializeToString,
+            delayq_dot_v1_dot_admin__pb2.ListQueuesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/delayq.v1.AdminService/CreateQueue',
+            delayq_dot_v1_dot_admin__pb2.CreateQueueRequest.SerializeToString,
+            delayq_dot_v1_dot_admin__pb2.CreateQueueResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/delayq.v1.AdminService/GetQueue',
+            delayq_dot_v1_dot_admin__pb2.GetQueueRequest.SerializeToString,
+            delayq_dot_v1_dot_admin__pb2.GetQueueResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/delayq.v1.AdminService/UpdateQueue',
+            delayq_dot_v1_dot_admin__pb2.UpdateQueueRequest.SerializeToString,
+            delayq_dot_v1_dot_admin__pb2.UpdateQueueResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/delayq.v1.AdminService/DeleteQueue',
+            delayq_dot_v1_dot_admin__pb2.DeleteQueueRequest.SerializeToString,
+            delayq_dot_v1_dot_admin__pb2.DeleteQueueResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PauseQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/delayq.v1.AdminService/PauseQueue',
+            delayq_dot_v1_dot_admin__pb2.PauseQueueRequest.SerializeToString,
+            delayq_dot_v1_dot_admin__pb2.PauseQueueResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/delayq.v1.AdminService/ResumeQueue',
+            delayq_dot_v1_dot_admin__pb2.ResumeQueueRequest.SerializeToString,
+            delayq_dot_v1_dot_admin__pb2.ResumeQueueResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PurgeQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/delayq.v1.AdminService/PurgeQueue',
+            delayq_dot_v1_dot_admin__pb2.PurgeQueueRequest.SerializeToString,
+            delayq_dot_v1_dot_admin__pb2.PurgeQueueResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/delayq.v1.AdminService/ListJobs',
+            delayq_dot_v1_dot_admin__pb2.ListJobsRequest.SerializeToString,
+            delayq_dot_v1_dot_admin__pb2.ListJobsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RescheduleJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/delayq.v1.AdminService/RescheduleJob',
+            delayq_dot_v1_dot_admin__pb2.RescheduleJobRequest.SerializeToString,
+            delayq_dot_v1_dot_admin__pb2.RescheduleJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/delayq.v1.AdminService/UpdateJob',
+            delayq_dot_v1_dot_admin__pb2.UpdateJobRequest.SerializeToString,
+            delayq_dot_v1_dot_admin__pb2.UpdateJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RedriveDeadLetters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/delayq.v1.AdminService/RedriveDeadLetters',
+            delayq_dot_v1_dot_admin__pb2.RedriveDeadLettersRequest.SerializeToString,
+            delayq_dot_v1_dot_admin__pb2.RedriveDeadLettersResponse.FromString,
             options,
             channel_credentials,
             insecure,

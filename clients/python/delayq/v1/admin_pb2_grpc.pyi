@@ -28,8 +28,13 @@ GRPC_VERSION: str
 
 class AdminServiceStub:
     """AdminService manages the API tokens that authenticate calls when the server
-    runs with auth on (`--auth`). Every RPC needs a token with the admin role;
-    an admin token bound to one namespace manages only that namespace's tokens.
+    runs with auth on (`--auth`), and administers queues and their jobs (issue 14).
+    Token RPCs and every RPC that changes something need a token with the admin
+    role; ListQueues, GetQueue and ListJobs need the read role. A token bound to
+    one namespace reaches only that namespace's tokens and queues.
+
+    Every call does bounded work: a long operation (purge, redrive) is done in
+    steps, each call answering with what it did and what is left.
 
     Errors common to every RPC: UNAUTHENTICATED (missing, unknown, expired or
     revoked token), PERMISSION_DENIED (not an admin token, or another namespace),
@@ -53,12 +58,78 @@ class AdminServiceStub:
     """RevokeToken deletes a token; every replica refuses it within a second.
     Errors: INVALID_ARGUMENT (token_id), NOT_FOUND (no such token in the caller's namespaces).
     """
+    ListQueues: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListQueuesRequest, _admin_pb2.ListQueuesResponse]
+    """ListQueues lists queues with their settings and counts, by namespace then name.
+    Errors: INVALID_ARGUMENT (namespace, page_size, page_token).
+    """
+    CreateQueue: _grpc.UnaryUnaryMultiCallable[_admin_pb2.CreateQueueRequest, _admin_pb2.CreateQueueResponse]
+    """CreateQueue creates a queue with explicit settings (a queue is otherwise
+    created with the server defaults by its first Enqueue or Consume).
+    Errors: INVALID_ARGUMENT (a setting), ALREADY_EXISTS, RESOURCE_EXHAUSTED (queue quota).
+    """
+    GetQueue: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetQueueRequest, _admin_pb2.GetQueueResponse]
+    """GetQueue returns one queue's settings, counts and paused flag.
+    Errors: INVALID_ARGUMENT, NOT_FOUND.
+    """
+    UpdateQueue: _grpc.UnaryUnaryMultiCallable[_admin_pb2.UpdateQueueRequest, _admin_pb2.UpdateQueueResponse]
+    """UpdateQueue changes the settings named in update_mask; they apply to jobs
+    enqueued and streams opened afterwards. `shards` is fixed at creation.
+    Errors: INVALID_ARGUMENT (update_mask or a setting), NOT_FOUND.
+    """
+    DeleteQueue: _grpc.UnaryUnaryMultiCallable[_admin_pb2.DeleteQueueRequest, _admin_pb2.DeleteQueueResponse]
+    """DeleteQueue removes an empty queue (purge it first) and stops its timers on
+    every replica. Errors: INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION (not empty).
+    """
+    PauseQueue: _grpc.UnaryUnaryMultiCallable[_admin_pb2.PauseQueueRequest, _admin_pb2.PauseQueueResponse]
+    """PauseQueue stops deliveries of a queue: Consume streams claim nothing from
+    it until ResumeQueue. Enqueue is still accepted, due jobs still become
+    ready, leases in flight are untouched (they can be acked, nacked, extended).
+    Errors: INVALID_ARGUMENT, NOT_FOUND.
+    """
+    ResumeQueue: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ResumeQueueRequest, _admin_pb2.ResumeQueueResponse]
+    """ResumeQueue lets deliveries of a paused queue go on; idle streams wake at once.
+    Errors: INVALID_ARGUMENT, NOT_FOUND.
+    """
+    PurgeQueue: _grpc.UnaryUnaryMultiCallable[_admin_pb2.PurgeQueueRequest, _admin_pb2.PurgeQueueResponse]
+    """PurgeQueue deletes up to `limit` jobs of a queue (one state, or every state)
+    and says how many are left: call again until `remaining` is 0.
+    A purged leased job's lease becomes unknown (its Ack answers UNKNOWN).
+    Errors: INVALID_ARGUMENT, NOT_FOUND.
+    """
+    ListJobs: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListJobsRequest, _admin_pb2.ListJobsResponse]
+    """ListJobs pages through the jobs of one state, optionally within a time range.
+    Errors: INVALID_ARGUMENT (state, range, page_size, page_token), NOT_FOUND (queue).
+    """
+    RescheduleJob: _grpc.UnaryUnaryMultiCallable[_admin_pb2.RescheduleJobRequest, _admin_pb2.RescheduleJobResponse]
+    """RescheduleJob moves a scheduled or ready job to a new due time atomically,
+    keeping its id, payload and attempts. A leased job is refused unless
+    `force`: then its lease is taken back (the holder's Ack answers STALE) and
+    the attempt stays counted. Errors: INVALID_ARGUMENT, NOT_FOUND (queue or
+    job), FAILED_PRECONDITION (leased without force, dead, completed, or the
+    new due time is past the job's TTL).
+    """
+    UpdateJob: _grpc.UnaryUnaryMultiCallable[_admin_pb2.UpdateJobRequest, _admin_pb2.UpdateJobResponse]
+    """UpdateJob replaces the payload and/or headers of a scheduled or ready job.
+    Errors: INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION (leased, dead or completed).
+    """
+    RedriveDeadLetters: _grpc.UnaryUnaryMultiCallable[_admin_pb2.RedriveDeadLettersRequest, _admin_pb2.RedriveDeadLettersResponse]
+    """RedriveDeadLetters moves up to `limit` dead jobs back to ready, in the same
+    queue (atomically, ids kept) or another one (new ids; the header
+    `delayq-redriven-from` names the old job), at most `rate` jobs per second.
+    Call again until `remaining` is 0.
+    Errors: INVALID_ARGUMENT, NOT_FOUND (queue or target queue).
+    """
 
 @_typing.type_check_only
 class AdminServiceAsyncStub(AdminServiceStub):
     """AdminService manages the API tokens that authenticate calls when the server
-    runs with auth on (`--auth`). Every RPC needs a token with the admin role;
-    an admin token bound to one namespace manages only that namespace's tokens.
+    runs with auth on (`--auth`), and administers queues and their jobs (issue 14).
+    Token RPCs and every RPC that changes something need a token with the admin
+    role; ListQueues, GetQueue and ListJobs need the read role. A token bound to
+    one namespace reaches only that namespace's tokens and queues.
+
+    Every call does bounded work: a long operation (purge, redrive) is done in
+    steps, each call answering with what it did and what is left.
 
     Errors common to every RPC: UNAUTHENTICATED (missing, unknown, expired or
     revoked token), PERMISSION_DENIED (not an admin token, or another namespace),
@@ -79,11 +150,77 @@ class AdminServiceAsyncStub(AdminServiceStub):
     """RevokeToken deletes a token; every replica refuses it within a second.
     Errors: INVALID_ARGUMENT (token_id), NOT_FOUND (no such token in the caller's namespaces).
     """
+    ListQueues: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListQueuesRequest, _admin_pb2.ListQueuesResponse]  # type: ignore[assignment]
+    """ListQueues lists queues with their settings and counts, by namespace then name.
+    Errors: INVALID_ARGUMENT (namespace, page_size, page_token).
+    """
+    CreateQueue: _aio.UnaryUnaryMultiCallable[_admin_pb2.CreateQueueRequest, _admin_pb2.CreateQueueResponse]  # type: ignore[assignment]
+    """CreateQueue creates a queue with explicit settings (a queue is otherwise
+    created with the server defaults by its first Enqueue or Consume).
+    Errors: INVALID_ARGUMENT (a setting), ALREADY_EXISTS, RESOURCE_EXHAUSTED (queue quota).
+    """
+    GetQueue: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetQueueRequest, _admin_pb2.GetQueueResponse]  # type: ignore[assignment]
+    """GetQueue returns one queue's settings, counts and paused flag.
+    Errors: INVALID_ARGUMENT, NOT_FOUND.
+    """
+    UpdateQueue: _aio.UnaryUnaryMultiCallable[_admin_pb2.UpdateQueueRequest, _admin_pb2.UpdateQueueResponse]  # type: ignore[assignment]
+    """UpdateQueue changes the settings named in update_mask; they apply to jobs
+    enqueued and streams opened afterwards. `shards` is fixed at creation.
+    Errors: INVALID_ARGUMENT (update_mask or a setting), NOT_FOUND.
+    """
+    DeleteQueue: _aio.UnaryUnaryMultiCallable[_admin_pb2.DeleteQueueRequest, _admin_pb2.DeleteQueueResponse]  # type: ignore[assignment]
+    """DeleteQueue removes an empty queue (purge it first) and stops its timers on
+    every replica. Errors: INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION (not empty).
+    """
+    PauseQueue: _aio.UnaryUnaryMultiCallable[_admin_pb2.PauseQueueRequest, _admin_pb2.PauseQueueResponse]  # type: ignore[assignment]
+    """PauseQueue stops deliveries of a queue: Consume streams claim nothing from
+    it until ResumeQueue. Enqueue is still accepted, due jobs still become
+    ready, leases in flight are untouched (they can be acked, nacked, extended).
+    Errors: INVALID_ARGUMENT, NOT_FOUND.
+    """
+    ResumeQueue: _aio.UnaryUnaryMultiCallable[_admin_pb2.ResumeQueueRequest, _admin_pb2.ResumeQueueResponse]  # type: ignore[assignment]
+    """ResumeQueue lets deliveries of a paused queue go on; idle streams wake at once.
+    Errors: INVALID_ARGUMENT, NOT_FOUND.
+    """
+    PurgeQueue: _aio.UnaryUnaryMultiCallable[_admin_pb2.PurgeQueueRequest, _admin_pb2.PurgeQueueResponse]  # type: ignore[assignment]
+    """PurgeQueue deletes up to `limit` jobs of a queue (one state, or every state)
+    and says how many are left: call again until `remaining` is 0.
+    A purged leased job's lease becomes unknown (its Ack answers UNKNOWN).
+    Errors: INVALID_ARGUMENT, NOT_FOUND.
+    """
+    ListJobs: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListJobsRequest, _admin_pb2.ListJobsResponse]  # type: ignore[assignment]
+    """ListJobs pages through the jobs of one state, optionally within a time range.
+    Errors: INVALID_ARGUMENT (state, range, page_size, page_token), NOT_FOUND (queue).
+    """
+    RescheduleJob: _aio.UnaryUnaryMultiCallable[_admin_pb2.RescheduleJobRequest, _admin_pb2.RescheduleJobResponse]  # type: ignore[assignment]
+    """RescheduleJob moves a scheduled or ready job to a new due time atomically,
+    keeping its id, payload and attempts. A leased job is refused unless
+    `force`: then its lease is taken back (the holder's Ack answers STALE) and
+    the attempt stays counted. Errors: INVALID_ARGUMENT, NOT_FOUND (queue or
+    job), FAILED_PRECONDITION (leased without force, dead, completed, or the
+    new due time is past the job's TTL).
+    """
+    UpdateJob: _aio.UnaryUnaryMultiCallable[_admin_pb2.UpdateJobRequest, _admin_pb2.UpdateJobResponse]  # type: ignore[assignment]
+    """UpdateJob replaces the payload and/or headers of a scheduled or ready job.
+    Errors: INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION (leased, dead or completed).
+    """
+    RedriveDeadLetters: _aio.UnaryUnaryMultiCallable[_admin_pb2.RedriveDeadLettersRequest, _admin_pb2.RedriveDeadLettersResponse]  # type: ignore[assignment]
+    """RedriveDeadLetters moves up to `limit` dead jobs back to ready, in the same
+    queue (atomically, ids kept) or another one (new ids; the header
+    `delayq-redriven-from` names the old job), at most `rate` jobs per second.
+    Call again until `remaining` is 0.
+    Errors: INVALID_ARGUMENT, NOT_FOUND (queue or target queue).
+    """
 
 class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
     """AdminService manages the API tokens that authenticate calls when the server
-    runs with auth on (`--auth`). Every RPC needs a token with the admin role;
-    an admin token bound to one namespace manages only that namespace's tokens.
+    runs with auth on (`--auth`), and administers queues and their jobs (issue 14).
+    Token RPCs and every RPC that changes something need a token with the admin
+    role; ListQueues, GetQueue and ListJobs need the read role. A token bound to
+    one namespace reaches only that namespace's tokens and queues.
+
+    Every call does bounded work: a long operation (purge, redrive) is done in
+    steps, each call answering with what it did and what is left.
 
     Errors common to every RPC: UNAUTHENTICATED (missing, unknown, expired or
     revoked token), PERMISSION_DENIED (not an admin token, or another namespace),
@@ -119,6 +256,139 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_admin_pb2.RevokeTokenResponse, _abc.Awaitable[_admin_pb2.RevokeTokenResponse]]:
         """RevokeToken deletes a token; every replica refuses it within a second.
         Errors: INVALID_ARGUMENT (token_id), NOT_FOUND (no such token in the caller's namespaces).
+        """
+
+    @_abc_1.abstractmethod
+    def ListQueues(
+        self,
+        request: _admin_pb2.ListQueuesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ListQueuesResponse, _abc.Awaitable[_admin_pb2.ListQueuesResponse]]:
+        """ListQueues lists queues with their settings and counts, by namespace then name.
+        Errors: INVALID_ARGUMENT (namespace, page_size, page_token).
+        """
+
+    @_abc_1.abstractmethod
+    def CreateQueue(
+        self,
+        request: _admin_pb2.CreateQueueRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.CreateQueueResponse, _abc.Awaitable[_admin_pb2.CreateQueueResponse]]:
+        """CreateQueue creates a queue with explicit settings (a queue is otherwise
+        created with the server defaults by its first Enqueue or Consume).
+        Errors: INVALID_ARGUMENT (a setting), ALREADY_EXISTS, RESOURCE_EXHAUSTED (queue quota).
+        """
+
+    @_abc_1.abstractmethod
+    def GetQueue(
+        self,
+        request: _admin_pb2.GetQueueRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.GetQueueResponse, _abc.Awaitable[_admin_pb2.GetQueueResponse]]:
+        """GetQueue returns one queue's settings, counts and paused flag.
+        Errors: INVALID_ARGUMENT, NOT_FOUND.
+        """
+
+    @_abc_1.abstractmethod
+    def UpdateQueue(
+        self,
+        request: _admin_pb2.UpdateQueueRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.UpdateQueueResponse, _abc.Awaitable[_admin_pb2.UpdateQueueResponse]]:
+        """UpdateQueue changes the settings named in update_mask; they apply to jobs
+        enqueued and streams opened afterwards. `shards` is fixed at creation.
+        Errors: INVALID_ARGUMENT (update_mask or a setting), NOT_FOUND.
+        """
+
+    @_abc_1.abstractmethod
+    def DeleteQueue(
+        self,
+        request: _admin_pb2.DeleteQueueRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.DeleteQueueResponse, _abc.Awaitable[_admin_pb2.DeleteQueueResponse]]:
+        """DeleteQueue removes an empty queue (purge it first) and stops its timers on
+        every replica. Errors: INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION (not empty).
+        """
+
+    @_abc_1.abstractmethod
+    def PauseQueue(
+        self,
+        request: _admin_pb2.PauseQueueRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.PauseQueueResponse, _abc.Awaitable[_admin_pb2.PauseQueueResponse]]:
+        """PauseQueue stops deliveries of a queue: Consume streams claim nothing from
+        it until ResumeQueue. Enqueue is still accepted, due jobs still become
+        ready, leases in flight are untouched (they can be acked, nacked, extended).
+        Errors: INVALID_ARGUMENT, NOT_FOUND.
+        """
+
+    @_abc_1.abstractmethod
+    def ResumeQueue(
+        self,
+        request: _admin_pb2.ResumeQueueRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ResumeQueueResponse, _abc.Awaitable[_admin_pb2.ResumeQueueResponse]]:
+        """ResumeQueue lets deliveries of a paused queue go on; idle streams wake at once.
+        Errors: INVALID_ARGUMENT, NOT_FOUND.
+        """
+
+    @_abc_1.abstractmethod
+    def PurgeQueue(
+        self,
+        request: _admin_pb2.PurgeQueueRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.PurgeQueueResponse, _abc.Awaitable[_admin_pb2.PurgeQueueResponse]]:
+        """PurgeQueue deletes up to `limit` jobs of a queue (one state, or every state)
+        and says how many are left: call again until `remaining` is 0.
+        A purged leased job's lease becomes unknown (its Ack answers UNKNOWN).
+        Errors: INVALID_ARGUMENT, NOT_FOUND.
+        """
+
+    @_abc_1.abstractmethod
+    def ListJobs(
+        self,
+        request: _admin_pb2.ListJobsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ListJobsResponse, _abc.Awaitable[_admin_pb2.ListJobsResponse]]:
+        """ListJobs pages through the jobs of one state, optionally within a time range.
+        Errors: INVALID_ARGUMENT (state, range, page_size, page_token), NOT_FOUND (queue).
+        """
+
+    @_abc_1.abstractmethod
+    def RescheduleJob(
+        self,
+        request: _admin_pb2.RescheduleJobRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.RescheduleJobResponse, _abc.Awaitable[_admin_pb2.RescheduleJobResponse]]:
+        """RescheduleJob moves a scheduled or ready job to a new due time atomically,
+        keeping its id, payload and attempts. A leased job is refused unless
+        `force`: then its lease is taken back (the holder's Ack answers STALE) and
+        the attempt stays counted. Errors: INVALID_ARGUMENT, NOT_FOUND (queue or
+        job), FAILED_PRECONDITION (leased without force, dead, completed, or the
+        new due time is past the job's TTL).
+        """
+
+    @_abc_1.abstractmethod
+    def UpdateJob(
+        self,
+        request: _admin_pb2.UpdateJobRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.UpdateJobResponse, _abc.Awaitable[_admin_pb2.UpdateJobResponse]]:
+        """UpdateJob replaces the payload and/or headers of a scheduled or ready job.
+        Errors: INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION (leased, dead or completed).
+        """
+
+    @_abc_1.abstractmethod
+    def RedriveDeadLetters(
+        self,
+        request: _admin_pb2.RedriveDeadLettersRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.RedriveDeadLettersResponse, _abc.Awaitable[_admin_pb2.RedriveDeadLettersResponse]]:
+        """RedriveDeadLetters moves up to `limit` dead jobs back to ready, in the same
+        queue (atomically, ids kept) or another one (new ids; the header
+        `delayq-redriven-from` names the old job), at most `rate` jobs per second.
+        Call again until `remaining` is 0.
+        Errors: INVALID_ARGUMENT, NOT_FOUND (queue or target queue).
         """
 
 def add_AdminServiceServicer_to_server(servicer: AdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

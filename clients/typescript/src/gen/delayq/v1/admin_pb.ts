@@ -4,15 +4,17 @@
 
 import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
-import type { Duration, Timestamp } from "@bufbuild/protobuf/wkt";
-import { file_google_protobuf_duration, file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
+import type { Job, JobState, QueueStats, RetryPolicy } from "./job_pb.js";
+import { file_delayq_v1_job } from "./job_pb.js";
+import type { Duration, FieldMask, Timestamp } from "@bufbuild/protobuf/wkt";
+import { file_google_protobuf_duration, file_google_protobuf_field_mask, file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
 import type { Message } from "@bufbuild/protobuf";
 
 /**
  * Describes the file delayq/v1/admin.proto.
  */
 export const file_delayq_v1_admin: GenFile = /*@__PURE__*/
-  fileDesc("ChVkZWxheXEvdjEvYWRtaW4ucHJvdG8SCWRlbGF5cS52MSLMAQoJVG9rZW5JbmZvEhAKCHRva2VuX2lkGAEgASgJEhEKCW5hbWVzcGFjZRgCIAEoCRIjCgVyb2xlcxgDIAMoDjIULmRlbGF5cS52MS5Ub2tlblJvbGUSEwoLZGVzY3JpcHRpb24YBCABKAkSLwoLY3JlYXRlX3RpbWUYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC2V4cGlyZV90aW1lGAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCKJAQoSQ3JlYXRlVG9rZW5SZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRIjCgVyb2xlcxgCIAMoDjIULmRlbGF5cS52MS5Ub2tlblJvbGUSJgoDdHRsGAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhMKC2Rlc2NyaXB0aW9uGAQgASgJIkgKE0NyZWF0ZVRva2VuUmVzcG9uc2USDQoFdG9rZW4YASABKAkSIgoEaW5mbxgCIAEoCzIULmRlbGF5cS52MS5Ub2tlbkluZm8iJgoRTGlzdFRva2Vuc1JlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJIjoKEkxpc3RUb2tlbnNSZXNwb25zZRIkCgZ0b2tlbnMYASADKAsyFC5kZWxheXEudjEuVG9rZW5JbmZvIiYKElJldm9rZVRva2VuUmVxdWVzdBIQCgh0b2tlbl9pZBgBIAEoCSIVChNSZXZva2VUb2tlblJlc3BvbnNlKoIBCglUb2tlblJvbGUSGgoWVE9LRU5fUk9MRV9VTlNQRUNJRklFRBAAEhYKElRPS0VOX1JPTEVfUFJPRFVDRRABEhYKElRPS0VOX1JPTEVfQ09OU1VNRRACEhMKD1RPS0VOX1JPTEVfUkVBRBADEhQKEFRPS0VOX1JPTEVfQURNSU4QBDL1AQoMQWRtaW5TZXJ2aWNlEkwKC0NyZWF0ZVRva2VuEh0uZGVsYXlxLnYxLkNyZWF0ZVRva2VuUmVxdWVzdBoeLmRlbGF5cS52MS5DcmVhdGVUb2tlblJlc3BvbnNlEkkKCkxpc3RUb2tlbnMSHC5kZWxheXEudjEuTGlzdFRva2Vuc1JlcXVlc3QaHS5kZWxheXEudjEuTGlzdFRva2Vuc1Jlc3BvbnNlEkwKC1Jldm9rZVRva2VuEh0uZGVsYXlxLnYxLlJldm9rZVRva2VuUmVxdWVzdBoeLmRlbGF5cS52MS5SZXZva2VUb2tlblJlc3BvbnNlQjdaNWdpdGh1Yi5jb20vZGVsYXlxL2RlbGF5cS9jbGllbnRzL2dvL2RlbGF5cXYxO2RlbGF5cXYxYgZwcm90bzM", [file_google_protobuf_duration, file_google_protobuf_timestamp]);
+  fileDesc("ChVkZWxheXEvdjEvYWRtaW4ucHJvdG8SCWRlbGF5cS52MSLMAQoJVG9rZW5JbmZvEhAKCHRva2VuX2lkGAEgASgJEhEKCW5hbWVzcGFjZRgCIAEoCRIjCgVyb2xlcxgDIAMoDjIULmRlbGF5cS52MS5Ub2tlblJvbGUSEwoLZGVzY3JpcHRpb24YBCABKAkSLwoLY3JlYXRlX3RpbWUYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC2V4cGlyZV90aW1lGAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCKJAQoSQ3JlYXRlVG9rZW5SZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRIjCgVyb2xlcxgCIAMoDjIULmRlbGF5cS52MS5Ub2tlblJvbGUSJgoDdHRsGAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhMKC2Rlc2NyaXB0aW9uGAQgASgJIkgKE0NyZWF0ZVRva2VuUmVzcG9uc2USDQoFdG9rZW4YASABKAkSIgoEaW5mbxgCIAEoCzIULmRlbGF5cS52MS5Ub2tlbkluZm8iJgoRTGlzdFRva2Vuc1JlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJIjoKEkxpc3RUb2tlbnNSZXNwb25zZRIkCgZ0b2tlbnMYASADKAsyFC5kZWxheXEudjEuVG9rZW5JbmZvIiYKElJldm9rZVRva2VuUmVxdWVzdBIQCgh0b2tlbl9pZBgBIAEoCSIVChNSZXZva2VUb2tlblJlc3BvbnNlIpACCg1RdWV1ZVNldHRpbmdzEg4KBnNoYXJkcxgBIAEoDRIwCg1kZWZhdWx0X2xlYXNlGAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhQKDG1heF9hdHRlbXB0cxgDIAEoDRIlCgVyZXRyeRgEIAEoCzIWLmRlbGF5cS52MS5SZXRyeVBvbGljeRI2ChNjb21wbGV0ZWRfcmV0ZW50aW9uGAUgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEjEKDmRlYWRfcmV0ZW50aW9uGAYgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhUKDWRlYWRfbWF4X2pvYnMYByABKAQiiwEKBVF1ZXVlEhEKCW5hbWVzcGFjZRgBIAEoCRINCgVxdWV1ZRgCIAEoCRIqCghzZXR0aW5ncxgDIAEoCzIYLmRlbGF5cS52MS5RdWV1ZVNldHRpbmdzEiQKBXN0YXRzGAQgASgLMhUuZGVsYXlxLnYxLlF1ZXVlU3RhdHMSDgoGcGF1c2VkGAUgASgIIk0KEUxpc3RRdWV1ZXNSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRIRCglwYWdlX3NpemUYAiABKA0SEgoKcGFnZV90b2tlbhgDIAEoCSJPChJMaXN0UXVldWVzUmVzcG9uc2USIAoGcXVldWVzGAEgAygLMhAuZGVsYXlxLnYxLlF1ZXVlEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJiChJDcmVhdGVRdWV1ZVJlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEg0KBXF1ZXVlGAIgASgJEioKCHNldHRpbmdzGAMgASgLMhguZGVsYXlxLnYxLlF1ZXVlU2V0dGluZ3MiNgoTQ3JlYXRlUXVldWVSZXNwb25zZRIfCgVxdWV1ZRgBIAEoCzIQLmRlbGF5cS52MS5RdWV1ZSIzCg9HZXRRdWV1ZVJlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEg0KBXF1ZXVlGAIgASgJIjMKEEdldFF1ZXVlUmVzcG9uc2USHwoFcXVldWUYASABKAsyEC5kZWxheXEudjEuUXVldWUikwEKElVwZGF0ZVF1ZXVlUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSDQoFcXVldWUYAiABKAkSKgoIc2V0dGluZ3MYAyABKAsyGC5kZWxheXEudjEuUXVldWVTZXR0aW5ncxIvCgt1cGRhdGVfbWFzaxgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5GaWVsZE1hc2siNgoTVXBkYXRlUXVldWVSZXNwb25zZRIfCgVxdWV1ZRgBIAEoCzIQLmRlbGF5cS52MS5RdWV1ZSI2ChJEZWxldGVRdWV1ZVJlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEg0KBXF1ZXVlGAIgASgJIhUKE0RlbGV0ZVF1ZXVlUmVzcG9uc2UiNQoRUGF1c2VRdWV1ZVJlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEg0KBXF1ZXVlGAIgASgJIjUKElBhdXNlUXVldWVSZXNwb25zZRIfCgVxdWV1ZRgBIAEoCzIQLmRlbGF5cS52MS5RdWV1ZSI2ChJSZXN1bWVRdWV1ZVJlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEg0KBXF1ZXVlGAIgASgJIjYKE1Jlc3VtZVF1ZXVlUmVzcG9uc2USHwoFcXVldWUYASABKAsyEC5kZWxheXEudjEuUXVldWUiaAoRUHVyZ2VRdWV1ZVJlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEg0KBXF1ZXVlGAIgASgJEiIKBXN0YXRlGAMgASgOMhMuZGVsYXlxLnYxLkpvYlN0YXRlEg0KBWxpbWl0GAQgASgNIjcKElB1cmdlUXVldWVSZXNwb25zZRIOCgZwdXJnZWQYASABKAQSEQoJcmVtYWluaW5nGAIgASgEIvkBCg9MaXN0Sm9ic1JlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEg0KBXF1ZXVlGAIgASgJEiIKBXN0YXRlGAMgASgOMhMuZGVsYXlxLnYxLkpvYlN0YXRlEi0KCWZyb21fdGltZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASKwoHdG9fdGltZRgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEQoJcGFnZV9zaXplGAYgASgNEhIKCnBhZ2VfdG9rZW4YByABKAkSHQoVcGF5bG9hZF9wcmV2aWV3X2J5dGVzGAggASgNIkkKEExpc3RKb2JzUmVzcG9uc2USHAoEam9icxgBIAMoCzIOLmRlbGF5cS52MS5Kb2ISFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIr8BChRSZXNjaGVkdWxlSm9iUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSDQoFcXVldWUYAiABKAkSDgoGam9iX2lkGAMgASgJEioKBWRlbGF5GAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uSAASLgoIZHVlX3RpbWUYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wSAASDQoFZm9yY2UYBiABKAhCCgoIc2NoZWR1bGUiNAoVUmVzY2hlZHVsZUpvYlJlc3BvbnNlEhsKA2pvYhgBIAEoCzIOLmRlbGF5cS52MS5Kb2Ii8QEKEFVwZGF0ZUpvYlJlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEg0KBXF1ZXVlGAIgASgJEg4KBmpvYl9pZBgDIAEoCRIPCgdwYXlsb2FkGAQgASgMEjkKB2hlYWRlcnMYBSADKAsyKC5kZWxheXEudjEuVXBkYXRlSm9iUmVxdWVzdC5IZWFkZXJzRW50cnkSLwoLdXBkYXRlX21hc2sYBiABKAsyGi5nb29nbGUucHJvdG9idWYuRmllbGRNYXNrGi4KDEhlYWRlcnNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIjAKEVVwZGF0ZUpvYlJlc3BvbnNlEhsKA2pvYhgBIAEoCzIOLmRlbGF5cS52MS5Kb2IigQEKGVJlZHJpdmVEZWFkTGV0dGVyc1JlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEg0KBXF1ZXVlGAIgASgJEhQKDHRhcmdldF9xdWV1ZRgDIAEoCRIPCgdqb2JfaWRzGAQgAygJEg0KBWxpbWl0GAUgASgNEgwKBHJhdGUYBiABKA0iQQoaUmVkcml2ZURlYWRMZXR0ZXJzUmVzcG9uc2USEAoIcmVkcml2ZW4YASABKAQSEQoJcmVtYWluaW5nGAIgASgEKoIBCglUb2tlblJvbGUSGgoWVE9LRU5fUk9MRV9VTlNQRUNJRklFRBAAEhYKElRPS0VOX1JPTEVfUFJPRFVDRRABEhYKElRPS0VOX1JPTEVfQ09OU1VNRRACEhMKD1RPS0VOX1JPTEVfUkVBRBADEhQKEFRPS0VOX1JPTEVfQURNSU4QBDKXCQoMQWRtaW5TZXJ2aWNlEkwKC0NyZWF0ZVRva2VuEh0uZGVsYXlxLnYxLkNyZWF0ZVRva2VuUmVxdWVzdBoeLmRlbGF5cS52MS5DcmVhdGVUb2tlblJlc3BvbnNlEkkKCkxpc3RUb2tlbnMSHC5kZWxheXEudjEuTGlzdFRva2Vuc1JlcXVlc3QaHS5kZWxheXEudjEuTGlzdFRva2Vuc1Jlc3BvbnNlEkwKC1Jldm9rZVRva2VuEh0uZGVsYXlxLnYxLlJldm9rZVRva2VuUmVxdWVzdBoeLmRlbGF5cS52MS5SZXZva2VUb2tlblJlc3BvbnNlEkkKCkxpc3RRdWV1ZXMSHC5kZWxheXEudjEuTGlzdFF1ZXVlc1JlcXVlc3QaHS5kZWxheXEudjEuTGlzdFF1ZXVlc1Jlc3BvbnNlEkwKC0NyZWF0ZVF1ZXVlEh0uZGVsYXlxLnYxLkNyZWF0ZVF1ZXVlUmVxdWVzdBoeLmRlbGF5cS52MS5DcmVhdGVRdWV1ZVJlc3BvbnNlEkMKCEdldFF1ZXVlEhouZGVsYXlxLnYxLkdldFF1ZXVlUmVxdWVzdBobLmRlbGF5cS52MS5HZXRRdWV1ZVJlc3BvbnNlEkwKC1VwZGF0ZVF1ZXVlEh0uZGVsYXlxLnYxLlVwZGF0ZVF1ZXVlUmVxdWVzdBoeLmRlbGF5cS52MS5VcGRhdGVRdWV1ZVJlc3BvbnNlEkwKC0RlbGV0ZVF1ZXVlEh0uZGVsYXlxLnYxLkRlbGV0ZVF1ZXVlUmVxdWVzdBoeLmRlbGF5cS52MS5EZWxldGVRdWV1ZVJlc3BvbnNlEkkKClBhdXNlUXVldWUSHC5kZWxheXEudjEuUGF1c2VRdWV1ZVJlcXVlc3QaHS5kZWxheXEudjEuUGF1c2VRdWV1ZVJlc3BvbnNlEkwKC1Jlc3VtZVF1ZXVlEh0uZGVsYXlxLnYxLlJlc3VtZVF1ZXVlUmVxdWVzdBoeLmRlbGF5cS52MS5SZXN1bWVRdWV1ZVJlc3BvbnNlEkkKClB1cmdlUXVldWUSHC5kZWxheXEudjEuUHVyZ2VRdWV1ZVJlcXVlc3QaHS5kZWxheXEudjEuUHVyZ2VRdWV1ZVJlc3BvbnNlEkMKCExpc3RKb2JzEhouZGVsYXlxLnYxLkxpc3RKb2JzUmVxdWVzdBobLmRlbGF5cS52MS5MaXN0Sm9ic1Jlc3BvbnNlElIKDVJlc2NoZWR1bGVKb2ISHy5kZWxheXEudjEuUmVzY2hlZHVsZUpvYlJlcXVlc3QaIC5kZWxheXEudjEuUmVzY2hlZHVsZUpvYlJlc3BvbnNlEkYKCVVwZGF0ZUpvYhIbLmRlbGF5cS52MS5VcGRhdGVKb2JSZXF1ZXN0GhwuZGVsYXlxLnYxLlVwZGF0ZUpvYlJlc3BvbnNlEmEKElJlZHJpdmVEZWFkTGV0dGVycxIkLmRlbGF5cS52MS5SZWRyaXZlRGVhZExldHRlcnNSZXF1ZXN0GiUuZGVsYXlxLnYxLlJlZHJpdmVEZWFkTGV0dGVyc1Jlc3BvbnNlQjdaNWdpdGh1Yi5jb20vZGVsYXlxL2RlbGF5cS9jbGllbnRzL2dvL2RlbGF5cXYxO2RlbGF5cXYxYgZwcm90bzM", [file_delayq_v1_job, file_google_protobuf_duration, file_google_protobuf_field_mask, file_google_protobuf_timestamp]);
 
 /**
  * TokenInfo describes a token without its secret.
@@ -221,6 +223,911 @@ export const RevokeTokenResponseSchema: GenMessage<RevokeTokenResponse> = /*@__P
   messageDesc(file_delayq_v1_admin, 6);
 
 /**
+ * QueueSettings are a queue's own settings; a zero or unset field means the
+ * server default (its flag), so a queue follows later changes of the flag.
+ *
+ * @generated from message delayq.v1.QueueSettings
+ */
+export type QueueSettings = Message<"delayq.v1.QueueSettings"> & {
+  /**
+   * Shards (unit of atomicity and of spreading over a cluster), 1 to 1024.
+   * Fixed at creation; 0: the server's --shards-per-queue.
+   *
+   * @generated from field: uint32 shards = 1;
+   */
+  shards: number;
+
+  /**
+   * Lease of a delivery when a Consume stream gives none, 1 s to 12 h.
+   *
+   * @generated from field: google.protobuf.Duration default_lease = 2;
+   */
+  defaultLease?: Duration | undefined;
+
+  /**
+   * Deliveries allowed when an Enqueue gives none, 1 to 1000.
+   *
+   * @generated from field: uint32 max_attempts = 3;
+   */
+  maxAttempts: number;
+
+  /**
+   * Backoff when an Enqueue gives no retry policy.
+   *
+   * @generated from field: delayq.v1.RetryPolicy retry = 4;
+   */
+  retry?: RetryPolicy | undefined;
+
+  /**
+   * How long acked jobs stay visible as COMPLETED tombstones, 0 to 366 days.
+   *
+   * @generated from field: google.protobuf.Duration completed_retention = 5;
+   */
+  completedRetention?: Duration | undefined;
+
+  /**
+   * Dead jobs older than this are deleted by the janitor, 1 s to 3660 days.
+   *
+   * @generated from field: google.protobuf.Duration dead_retention = 6;
+   */
+  deadRetention?: Duration | undefined;
+
+  /**
+   * At most this many dead jobs are kept (oldest deleted first), 1 to 100000000.
+   *
+   * @generated from field: uint64 dead_max_jobs = 7;
+   */
+  deadMaxJobs: bigint;
+};
+
+/**
+ * Describes the message delayq.v1.QueueSettings.
+ * Use `create(QueueSettingsSchema)` to create a new message.
+ */
+export const QueueSettingsSchema: GenMessage<QueueSettings> = /*@__PURE__*/
+  messageDesc(file_delayq_v1_admin, 7);
+
+/**
+ * Queue is one queue as the administration sees it.
+ *
+ * @generated from message delayq.v1.Queue
+ */
+export type Queue = Message<"delayq.v1.Queue"> & {
+  /**
+   * Namespace of the queue.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  namespace: string;
+
+  /**
+   * Queue name.
+   *
+   * @generated from field: string queue = 2;
+   */
+  queue: string;
+
+  /**
+   * Its settings (unset fields: the server default).
+   *
+   * @generated from field: delayq.v1.QueueSettings settings = 3;
+   */
+  settings?: QueueSettings | undefined;
+
+  /**
+   * Counts per state and lifetime counters.
+   *
+   * @generated from field: delayq.v1.QueueStats stats = 4;
+   */
+  stats?: QueueStats | undefined;
+
+  /**
+   * Deliveries are paused (PauseQueue).
+   *
+   * @generated from field: bool paused = 5;
+   */
+  paused: boolean;
+};
+
+/**
+ * Describes the message delayq.v1.Queue.
+ * Use `create(QueueSchema)` to create a new message.
+ */
+export const QueueSchema: GenMessage<Queue> = /*@__PURE__*/
+  messageDesc(file_delayq_v1_admin, 8);
+
+/**
+ * ListQueuesRequest pages through queues.
+ *
+ * @generated from message delayq.v1.ListQueuesRequest
+ */
+export type ListQueuesRequest = Message<"delayq.v1.ListQueuesRequest"> & {
+  /**
+   * Only this namespace; empty: every namespace the caller may read.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  namespace: string;
+
+  /**
+   * Most queues to return, 1 to 500. 0: 100.
+   *
+   * @generated from field: uint32 page_size = 2;
+   */
+  pageSize: number;
+
+  /**
+   * From a previous response's next_page_token; empty for the first page.
+   *
+   * @generated from field: string page_token = 3;
+   */
+  pageToken: string;
+};
+
+/**
+ * Describes the message delayq.v1.ListQueuesRequest.
+ * Use `create(ListQueuesRequestSchema)` to create a new message.
+ */
+export const ListQueuesRequestSchema: GenMessage<ListQueuesRequest> = /*@__PURE__*/
+  messageDesc(file_delayq_v1_admin, 9);
+
+/**
+ * ListQueuesResponse is one page of queues.
+ *
+ * @generated from message delayq.v1.ListQueuesResponse
+ */
+export type ListQueuesResponse = Message<"delayq.v1.ListQueuesResponse"> & {
+  /**
+   * The queues, by namespace then name.
+   *
+   * @generated from field: repeated delayq.v1.Queue queues = 1;
+   */
+  queues: Queue[];
+
+  /**
+   * Token for the next page; empty at the end.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  nextPageToken: string;
+};
+
+/**
+ * Describes the message delayq.v1.ListQueuesResponse.
+ * Use `create(ListQueuesResponseSchema)` to create a new message.
+ */
+export const ListQueuesResponseSchema: GenMessage<ListQueuesResponse> = /*@__PURE__*/
+  messageDesc(file_delayq_v1_admin, 10);
+
+/**
+ * CreateQueueRequest names the queue and its settings.
+ *
+ * @generated from message delayq.v1.CreateQueueRequest
+ */
+export type CreateQueueRequest = Message<"delayq.v1.CreateQueueRequest"> & {
+  /**
+   * Namespace; empty means "default".
+   *
+   * @generated from field: string namespace = 1;
+   */
+  namespace: string;
+
+  /**
+   * Queue name.
+   *
+   * @generated from field: string queue = 2;
+   */
+  queue: string;
+
+  /**
+   * Settings; unset fields take the server defaults.
+   *
+   * @generated from field: delayq.v1.QueueSettings settings = 3;
+   */
+  settings?: QueueSettings | undefined;
+};
+
+/**
+ * Describes the message delayq.v1.CreateQueueRequest.
+ * Use `create(CreateQueueRequestSchema)` to create a new message.
+ */
+export const CreateQueueRequestSchema: GenMessage<CreateQueueRequest> = /*@__PURE__*/
+  messageDesc(file_delayq_v1_admin, 11);
+
+/**
+ * CreateQueueResponse holds the new queue.
+ *
+ * @generated from message delayq.v1.CreateQueueResponse
+ */
+export type CreateQueueResponse = Message<"delayq.v1.CreateQueueResponse"> & {
+  /**
+   * The queue as stored.
+   *
+   * @generated from field: delayq.v1.Queue queue = 1;
+   */
+  queue?: Queue | undefined;
+};
+
+/**
+ * Describes the message delayq.v1.CreateQueueResponse.
+ * Use `create(CreateQueueResponseSchema)` to create a new message.
+ */
+export const CreateQueueResponseSchema: GenMessage<CreateQueueResponse> = /*@__PURE__*/
+  messageDesc(file_delayq_v1_admin, 12);
+
+/**
+ * GetQueueRequest names one queue.
+ *
+ * @generated from message delayq.v1.GetQueueRequest
+ */
+export type GetQueueRequest = Message<"delayq.v1.GetQueueRequest"> & {
+  /**
+   * Namespace; empty means "default".
+   *
+   * @generated from field: string namespace = 1;
+   */
+  namespace: string;
+
+  /**
+   * Queue name.
+   *
+   * @generated from field: string queue = 2;
+   */
+  queue: string;
+};
+
+/**
+ * Describes the message delayq.v1.GetQueueRequest.
+ * Use `create(GetQueueRequestSchema)` to create a new message.
+ */
+export const GetQueueRequestSchema: GenMessage<GetQueueRequest> = /*@__PURE__*/
+  messageDesc(file_delayq_v1_admin, 13);
+
+/**
+ * GetQueueResponse holds the queue.
+ *
+ * @generated from message delayq.v1.GetQueueResponse
+ */
+export type GetQueueResponse = Message<"delayq.v1.GetQueueResponse"> & {
+  /**
+   * The queue.
+   *
+   * @generated from field: delayq.v1.Queue queue = 1;
+   */
+  queue?: Queue | undefined;
+};
+
+/**
+ * Describes the message delayq.v1.GetQueueResponse.
+ * Use `create(GetQueueResponseSchema)` to create a new message.
+ */
+export const GetQueueResponseSchema: GenMessage<GetQueueResponse> = /*@__PURE__*/
+  messageDesc(file_delayq_v1_admin, 14);
+
+/**
+ * UpdateQueueRequest changes some settings.
+ *
+ * @generated from message delayq.v1.UpdateQueueRequest
+ */
+export type UpdateQueueRequest = Message<"delayq.v1.UpdateQueueRequest"> & {
+  /**
+   * Namespace; empty means "default".
+   *
+   * @generated from field: string namespace = 1;
+   */
+  namespace: string;
+
+  /**
+   * Queue name.
+   *
+   * @generated from field: string queue = 2;
+   */
+  queue: string;
+
+  /**
+   * New values of the fields named in update_mask.
+   *
+   * @generated from field: delayq.v1.QueueSettings settings = 3;
+   */
+  settings?: QueueSettings | undefined;
+
+  /**
+   * QueueSettings fields to change (default_lease, max_attempts, retry,
+   * completed_retention, dead_retention, dead_max_jobs); at least one. A named
+   * field left unset goes back to the server default.
+   *
+   * @generated from field: google.protobuf.FieldMask update_mask = 4;
+   */
+  updateMask?: FieldMask | undefined;
+};
+
+/**
+ * Describes the message delayq.v1.UpdateQueueRequest.
+ * Use `create(UpdateQueueRequestSchema)` to create a new message.
+ */
+export const UpdateQueueRequestSchema: GenMessage<UpdateQueueRequest> = /*@__PURE__*/
+  messageDesc(file_delayq_v1_admin, 15);
+
+/**
+ * UpdateQueueResponse holds the updated queue.
+ *
+ * @generated from message delayq.v1.UpdateQueueResponse
+ */
+export type UpdateQueueResponse = Message<"delayq.v1.UpdateQueueResponse"> & {
+  /**
+   * The queue after the change.
+   *
+   * @generated from field: delayq.v1.Queue queue = 1;
+   */
+  queue?: Queue | undefined;
+};
+
+/**
+ * Describes the message delayq.v1.UpdateQueueResponse.
+ * Use `create(UpdateQueueResponseSchema)` to create a new message.
+ */
+export const UpdateQueueResponseSchema: GenMessage<UpdateQueueResponse> = /*@__PURE__*/
+  messageDesc(file_delayq_v1_admin, 16);
+
+/**
+ * DeleteQueueRequest names one queue.
+ *
+ * @generated from message delayq.v1.DeleteQueueRequest
+ */
+export type DeleteQueueRequest = Message<"delayq.v1.DeleteQueueRequest"> & {
+  /**
+   * Namespace; empty means "default".
+   *
+   * @generated from field: string namespace = 1;
+   */
+  namespace: string;
+
+  /**
+   * Queue name.
+   *
+   * @generated from field: string queue = 2;
+   */
+  queue: string;
+};
+
+/**
+ * Describes the message delayq.v1.DeleteQueueRequest.
+ * Use `create(DeleteQueueRequestSchema)` to create a new message.
+ */
+export const DeleteQueueRequestSchema: GenMessage<DeleteQueueRequest> = /*@__PURE__*/
+  messageDesc(file_delayq_v1_admin, 17);
+
+/**
+ * DeleteQueueResponse is empty: the queue is gone.
+ *
+ * @generated from message delayq.v1.DeleteQueueResponse
+ */
+export type DeleteQueueResponse = Message<"delayq.v1.DeleteQueueResponse"> & {
+};
+
+/**
+ * Describes the message delayq.v1.DeleteQueueResponse.
+ * Use `create(DeleteQueueResponseSchema)` to create a new message.
+ */
+export const DeleteQueueResponseSchema: GenMessage<DeleteQueueResponse> = /*@__PURE__*/
+  messageDesc(file_delayq_v1_admin, 18);
+
+/**
+ * PauseQueueRequest names one queue.
+ *
+ * @generated from message delayq.v1.PauseQueueRequest
+ */
+export type PauseQueueRequest = Message<"delayq.v1.PauseQueueRequest"> & {
+  /**
+   * Namespace; empty means "default".
+   *
+   * @generated from field: string namespace = 1;
+   */
+  namespace: string;
+
+  /**
+   * Queue name.
+   *
+   * @generated from field: string queue = 2;
+   */
+  queue: string;
+};
+
+/**
+ * Describes the message delayq.v1.PauseQueueRequest.
+ * Use `create(PauseQueueRequestSchema)` to create a new message.
+ */
+export const PauseQueueRequestSchema: GenMessage<PauseQueueRequest> = /*@__PURE__*/
+  messageDesc(file_delayq_v1_admin, 19);
+
+/**
+ * PauseQueueResponse holds the paused queue.
+ *
+ * @generated from message delayq.v1.PauseQueueResponse
+ */
+export type PauseQueueResponse = Message<"delayq.v1.PauseQueueResponse"> & {
+  /**
+   * The queue (paused set).
+   *
+   * @generated from field: delayq.v1.Queue queue = 1;
+   */
+  queue?: Queue | undefined;
+};
+
+/**
+ * Describes the message delayq.v1.PauseQueueResponse.
+ * Use `create(PauseQueueResponseSchema)` to create a new message.
+ */
+export const PauseQueueResponseSchema: GenMessage<PauseQueueResponse> = /*@__PURE__*/
+  messageDesc(file_delayq_v1_admin, 20);
+
+/**
+ * ResumeQueueRequest names one queue.
+ *
+ * @generated from message delayq.v1.ResumeQueueRequest
+ */
+export type ResumeQueueRequest = Message<"delayq.v1.ResumeQueueRequest"> & {
+  /**
+   * Namespace; empty means "default".
+   *
+   * @generated from field: string namespace = 1;
+   */
+  namespace: string;
+
+  /**
+   * Queue name.
+   *
+   * @generated from field: string queue = 2;
+   */
+  queue: string;
+};
+
+/**
+ * Describes the message delayq.v1.ResumeQueueRequest.
+ * Use `create(ResumeQueueRequestSchema)` to create a new message.
+ */
+export const ResumeQueueRequestSchema: GenMessage<ResumeQueueRequest> = /*@__PURE__*/
+  messageDesc(file_delayq_v1_admin, 21);
+
+/**
+ * ResumeQueueResponse holds the resumed queue.
+ *
+ * @generated from message delayq.v1.ResumeQueueResponse
+ */
+export type ResumeQueueResponse = Message<"delayq.v1.ResumeQueueResponse"> & {
+  /**
+   * The queue (paused cleared).
+   *
+   * @generated from field: delayq.v1.Queue queue = 1;
+   */
+  queue?: Queue | undefined;
+};
+
+/**
+ * Describes the message delayq.v1.ResumeQueueResponse.
+ * Use `create(ResumeQueueResponseSchema)` to create a new message.
+ */
+export const ResumeQueueResponseSchema: GenMessage<ResumeQueueResponse> = /*@__PURE__*/
+  messageDesc(file_delayq_v1_admin, 22);
+
+/**
+ * PurgeQueueRequest says what to delete in this step.
+ *
+ * @generated from message delayq.v1.PurgeQueueRequest
+ */
+export type PurgeQueueRequest = Message<"delayq.v1.PurgeQueueRequest"> & {
+  /**
+   * Namespace; empty means "default".
+   *
+   * @generated from field: string namespace = 1;
+   */
+  namespace: string;
+
+  /**
+   * Queue name.
+   *
+   * @generated from field: string queue = 2;
+   */
+  queue: string;
+
+  /**
+   * Only jobs in this state; JOB_STATE_UNSPECIFIED: every state.
+   *
+   * @generated from field: delayq.v1.JobState state = 3;
+   */
+  state: JobState;
+
+  /**
+   * Most jobs to delete in this call, 1 to 10000. 0: 1000.
+   *
+   * @generated from field: uint32 limit = 4;
+   */
+  limit: number;
+};
+
+/**
+ * Describes the message delayq.v1.PurgeQueueRequest.
+ * Use `create(PurgeQueueRequestSchema)` to create a new message.
+ */
+export const PurgeQueueRequestSchema: GenMessage<PurgeQueueRequest> = /*@__PURE__*/
+  messageDesc(file_delayq_v1_admin, 23);
+
+/**
+ * PurgeQueueResponse is the progress of a purge.
+ *
+ * @generated from message delayq.v1.PurgeQueueResponse
+ */
+export type PurgeQueueResponse = Message<"delayq.v1.PurgeQueueResponse"> & {
+  /**
+   * Jobs deleted by this call.
+   *
+   * @generated from field: uint64 purged = 1;
+   */
+  purged: bigint;
+
+  /**
+   * Jobs left in the purged state(s); 0 when the purge is complete.
+   *
+   * @generated from field: uint64 remaining = 2;
+   */
+  remaining: bigint;
+};
+
+/**
+ * Describes the message delayq.v1.PurgeQueueResponse.
+ * Use `create(PurgeQueueResponseSchema)` to create a new message.
+ */
+export const PurgeQueueResponseSchema: GenMessage<PurgeQueueResponse> = /*@__PURE__*/
+  messageDesc(file_delayq_v1_admin, 24);
+
+/**
+ * ListJobsRequest picks a state, a range and a page.
+ *
+ * @generated from message delayq.v1.ListJobsRequest
+ */
+export type ListJobsRequest = Message<"delayq.v1.ListJobsRequest"> & {
+  /**
+   * Namespace; empty means "default".
+   *
+   * @generated from field: string namespace = 1;
+   */
+  namespace: string;
+
+  /**
+   * Queue name.
+   *
+   * @generated from field: string queue = 2;
+   */
+  queue: string;
+
+  /**
+   * State to list (required). Order: SCHEDULED by due time, READY oldest first,
+   * LEASED by lease deadline, DEAD by time of death, COMPLETED by completion.
+   *
+   * @generated from field: delayq.v1.JobState state = 3;
+   */
+  state: JobState;
+
+  /**
+   * Only jobs whose ordering time (see `state`) is at or after this; unset: no bound.
+   *
+   * @generated from field: google.protobuf.Timestamp from_time = 4;
+   */
+  fromTime?: Timestamp | undefined;
+
+  /**
+   * Only jobs whose ordering time is before this; unset: no bound.
+   *
+   * @generated from field: google.protobuf.Timestamp to_time = 5;
+   */
+  toTime?: Timestamp | undefined;
+
+  /**
+   * Most jobs to return, 1 to 500. 0: 50.
+   *
+   * @generated from field: uint32 page_size = 6;
+   */
+  pageSize: number;
+
+  /**
+   * From a previous response's next_page_token (same state and range).
+   *
+   * @generated from field: string page_token = 7;
+   */
+  pageToken: string;
+
+  /**
+   * Payloads are cut to this many bytes (Query returns a whole job), 0 to 65536.
+   * 0: 256.
+   *
+   * @generated from field: uint32 payload_preview_bytes = 8;
+   */
+  payloadPreviewBytes: number;
+};
+
+/**
+ * Describes the message delayq.v1.ListJobsRequest.
+ * Use `create(ListJobsRequestSchema)` to create a new message.
+ */
+export const ListJobsRequestSchema: GenMessage<ListJobsRequest> = /*@__PURE__*/
+  messageDesc(file_delayq_v1_admin, 25);
+
+/**
+ * ListJobsResponse is one page of jobs.
+ *
+ * @generated from message delayq.v1.ListJobsResponse
+ */
+export type ListJobsResponse = Message<"delayq.v1.ListJobsResponse"> & {
+  /**
+   * The jobs (payload cut to payload_preview_bytes).
+   *
+   * @generated from field: repeated delayq.v1.Job jobs = 1;
+   */
+  jobs: Job[];
+
+  /**
+   * Token for the next page; empty at the end.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  nextPageToken: string;
+};
+
+/**
+ * Describes the message delayq.v1.ListJobsResponse.
+ * Use `create(ListJobsResponseSchema)` to create a new message.
+ */
+export const ListJobsResponseSchema: GenMessage<ListJobsResponse> = /*@__PURE__*/
+  messageDesc(file_delayq_v1_admin, 26);
+
+/**
+ * RescheduleJobRequest names a job and its new due time.
+ *
+ * @generated from message delayq.v1.RescheduleJobRequest
+ */
+export type RescheduleJobRequest = Message<"delayq.v1.RescheduleJobRequest"> & {
+  /**
+   * Namespace; empty means "default".
+   *
+   * @generated from field: string namespace = 1;
+   */
+  namespace: string;
+
+  /**
+   * Queue name.
+   *
+   * @generated from field: string queue = 2;
+   */
+  queue: string;
+
+  /**
+   * Job id.
+   *
+   * @generated from field: string job_id = 3;
+   */
+  jobId: string;
+
+  /**
+   * New due time (required): one of the two.
+   *
+   * @generated from oneof delayq.v1.RescheduleJobRequest.schedule
+   */
+  schedule: {
+    /**
+     * Due this long after now (0 to 366 days).
+     *
+     * @generated from field: google.protobuf.Duration delay = 4;
+     */
+    value: Duration;
+    case: "delay";
+  } | {
+    /**
+     * Due at this instant (server clock); a past instant means now.
+     *
+     * @generated from field: google.protobuf.Timestamp due_time = 5;
+     */
+    value: Timestamp;
+    case: "dueTime";
+  } | { case: undefined; value?: undefined };
+
+  /**
+   * Also take back a leased job (its lease becomes stale, the attempt counts).
+   *
+   * @generated from field: bool force = 6;
+   */
+  force: boolean;
+};
+
+/**
+ * Describes the message delayq.v1.RescheduleJobRequest.
+ * Use `create(RescheduleJobRequestSchema)` to create a new message.
+ */
+export const RescheduleJobRequestSchema: GenMessage<RescheduleJobRequest> = /*@__PURE__*/
+  messageDesc(file_delayq_v1_admin, 27);
+
+/**
+ * RescheduleJobResponse holds the job after the move.
+ *
+ * @generated from message delayq.v1.RescheduleJobResponse
+ */
+export type RescheduleJobResponse = Message<"delayq.v1.RescheduleJobResponse"> & {
+  /**
+   * The job (SCHEDULED, or READY when due now).
+   *
+   * @generated from field: delayq.v1.Job job = 1;
+   */
+  job?: Job | undefined;
+};
+
+/**
+ * Describes the message delayq.v1.RescheduleJobResponse.
+ * Use `create(RescheduleJobResponseSchema)` to create a new message.
+ */
+export const RescheduleJobResponseSchema: GenMessage<RescheduleJobResponse> = /*@__PURE__*/
+  messageDesc(file_delayq_v1_admin, 28);
+
+/**
+ * UpdateJobRequest replaces parts of a waiting job.
+ *
+ * @generated from message delayq.v1.UpdateJobRequest
+ */
+export type UpdateJobRequest = Message<"delayq.v1.UpdateJobRequest"> & {
+  /**
+   * Namespace; empty means "default".
+   *
+   * @generated from field: string namespace = 1;
+   */
+  namespace: string;
+
+  /**
+   * Queue name.
+   *
+   * @generated from field: string queue = 2;
+   */
+  queue: string;
+
+  /**
+   * Job id.
+   *
+   * @generated from field: string job_id = 3;
+   */
+  jobId: string;
+
+  /**
+   * New payload (1 byte to the server's limit) when update_mask names "payload".
+   *
+   * @generated from field: bytes payload = 4;
+   */
+  payload: Uint8Array;
+
+  /**
+   * New headers (replacing all of them) when update_mask names "headers".
+   *
+   * @generated from field: map<string, string> headers = 5;
+   */
+  headers: { [key: string]: string };
+
+  /**
+   * "payload" and/or "headers".
+   *
+   * @generated from field: google.protobuf.FieldMask update_mask = 6;
+   */
+  updateMask?: FieldMask | undefined;
+};
+
+/**
+ * Describes the message delayq.v1.UpdateJobRequest.
+ * Use `create(UpdateJobRequestSchema)` to create a new message.
+ */
+export const UpdateJobRequestSchema: GenMessage<UpdateJobRequest> = /*@__PURE__*/
+  messageDesc(file_delayq_v1_admin, 29);
+
+/**
+ * UpdateJobResponse holds the job after the change.
+ *
+ * @generated from message delayq.v1.UpdateJobResponse
+ */
+export type UpdateJobResponse = Message<"delayq.v1.UpdateJobResponse"> & {
+  /**
+   * The updated job.
+   *
+   * @generated from field: delayq.v1.Job job = 1;
+   */
+  job?: Job | undefined;
+};
+
+/**
+ * Describes the message delayq.v1.UpdateJobResponse.
+ * Use `create(UpdateJobResponseSchema)` to create a new message.
+ */
+export const UpdateJobResponseSchema: GenMessage<UpdateJobResponse> = /*@__PURE__*/
+  messageDesc(file_delayq_v1_admin, 30);
+
+/**
+ * RedriveDeadLettersRequest picks dead jobs and where they go.
+ *
+ * @generated from message delayq.v1.RedriveDeadLettersRequest
+ */
+export type RedriveDeadLettersRequest = Message<"delayq.v1.RedriveDeadLettersRequest"> & {
+  /**
+   * Namespace; empty means "default".
+   *
+   * @generated from field: string namespace = 1;
+   */
+  namespace: string;
+
+  /**
+   * Queue whose dead jobs are moved.
+   *
+   * @generated from field: string queue = 2;
+   */
+  queue: string;
+
+  /**
+   * Queue (same namespace) they go to; empty: the same queue. It must exist.
+   *
+   * @generated from field: string target_queue = 3;
+   */
+  targetQueue: string;
+
+  /**
+   * Only these jobs; empty: the oldest dead jobs, up to `limit`.
+   *
+   * @generated from field: repeated string job_ids = 4;
+   */
+  jobIds: string[];
+
+  /**
+   * Most jobs to move in this call, 1 to 10000. 0: 1000.
+   *
+   * @generated from field: uint32 limit = 5;
+   */
+  limit: number;
+
+  /**
+   * Most jobs per second (the call takes longer instead), 0 to 100000. 0: no limit.
+   *
+   * @generated from field: uint32 rate = 6;
+   */
+  rate: number;
+};
+
+/**
+ * Describes the message delayq.v1.RedriveDeadLettersRequest.
+ * Use `create(RedriveDeadLettersRequestSchema)` to create a new message.
+ */
+export const RedriveDeadLettersRequestSchema: GenMessage<RedriveDeadLettersRequest> = /*@__PURE__*/
+  messageDesc(file_delayq_v1_admin, 31);
+
+/**
+ * RedriveDeadLettersResponse is the progress of a redrive.
+ *
+ * @generated from message delayq.v1.RedriveDeadLettersResponse
+ */
+export type RedriveDeadLettersResponse = Message<"delayq.v1.RedriveDeadLettersResponse"> & {
+  /**
+   * Jobs moved by this call.
+   *
+   * @generated from field: uint64 redriven = 1;
+   */
+  redriven: bigint;
+
+  /**
+   * Dead jobs left in the source queue.
+   *
+   * @generated from field: uint64 remaining = 2;
+   */
+  remaining: bigint;
+};
+
+/**
+ * Describes the message delayq.v1.RedriveDeadLettersResponse.
+ * Use `create(RedriveDeadLettersResponseSchema)` to create a new message.
+ */
+export const RedriveDeadLettersResponseSchema: GenMessage<RedriveDeadLettersResponse> = /*@__PURE__*/
+  messageDesc(file_delayq_v1_admin, 32);
+
+/**
  * TokenRole is one permission a token carries.
  *
  * @generated from enum delayq.v1.TokenRole
@@ -270,8 +1177,13 @@ export const TokenRoleSchema: GenEnum<TokenRole> = /*@__PURE__*/
 
 /**
  * AdminService manages the API tokens that authenticate calls when the server
- * runs with auth on (`--auth`). Every RPC needs a token with the admin role;
- * an admin token bound to one namespace manages only that namespace's tokens.
+ * runs with auth on (`--auth`), and administers queues and their jobs (issue 14).
+ * Token RPCs and every RPC that changes something need a token with the admin
+ * role; ListQueues, GetQueue and ListJobs need the read role. A token bound to
+ * one namespace reaches only that namespace's tokens and queues.
+ *
+ * Every call does bounded work: a long operation (purge, redrive) is done in
+ * steps, each call answering with what it did and what is left.
  *
  * Errors common to every RPC: UNAUTHENTICATED (missing, unknown, expired or
  * revoked token), PERMISSION_DENIED (not an admin token, or another namespace),
@@ -313,6 +1225,151 @@ export const AdminService: GenService<{
     methodKind: "unary";
     input: typeof RevokeTokenRequestSchema;
     output: typeof RevokeTokenResponseSchema;
+  },
+  /**
+   * ListQueues lists queues with their settings and counts, by namespace then name.
+   * Errors: INVALID_ARGUMENT (namespace, page_size, page_token).
+   *
+   * @generated from rpc delayq.v1.AdminService.ListQueues
+   */
+  listQueues: {
+    methodKind: "unary";
+    input: typeof ListQueuesRequestSchema;
+    output: typeof ListQueuesResponseSchema;
+  },
+  /**
+   * CreateQueue creates a queue with explicit settings (a queue is otherwise
+   * created with the server defaults by its first Enqueue or Consume).
+   * Errors: INVALID_ARGUMENT (a setting), ALREADY_EXISTS, RESOURCE_EXHAUSTED (queue quota).
+   *
+   * @generated from rpc delayq.v1.AdminService.CreateQueue
+   */
+  createQueue: {
+    methodKind: "unary";
+    input: typeof CreateQueueRequestSchema;
+    output: typeof CreateQueueResponseSchema;
+  },
+  /**
+   * GetQueue returns one queue's settings, counts and paused flag.
+   * Errors: INVALID_ARGUMENT, NOT_FOUND.
+   *
+   * @generated from rpc delayq.v1.AdminService.GetQueue
+   */
+  getQueue: {
+    methodKind: "unary";
+    input: typeof GetQueueRequestSchema;
+    output: typeof GetQueueResponseSchema;
+  },
+  /**
+   * UpdateQueue changes the settings named in update_mask; they apply to jobs
+   * enqueued and streams opened afterwards. `shards` is fixed at creation.
+   * Errors: INVALID_ARGUMENT (update_mask or a setting), NOT_FOUND.
+   *
+   * @generated from rpc delayq.v1.AdminService.UpdateQueue
+   */
+  updateQueue: {
+    methodKind: "unary";
+    input: typeof UpdateQueueRequestSchema;
+    output: typeof UpdateQueueResponseSchema;
+  },
+  /**
+   * DeleteQueue removes an empty queue (purge it first) and stops its timers on
+   * every replica. Errors: INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION (not empty).
+   *
+   * @generated from rpc delayq.v1.AdminService.DeleteQueue
+   */
+  deleteQueue: {
+    methodKind: "unary";
+    input: typeof DeleteQueueRequestSchema;
+    output: typeof DeleteQueueResponseSchema;
+  },
+  /**
+   * PauseQueue stops deliveries of a queue: Consume streams claim nothing from
+   * it until ResumeQueue. Enqueue is still accepted, due jobs still become
+   * ready, leases in flight are untouched (they can be acked, nacked, extended).
+   * Errors: INVALID_ARGUMENT, NOT_FOUND.
+   *
+   * @generated from rpc delayq.v1.AdminService.PauseQueue
+   */
+  pauseQueue: {
+    methodKind: "unary";
+    input: typeof PauseQueueRequestSchema;
+    output: typeof PauseQueueResponseSchema;
+  },
+  /**
+   * ResumeQueue lets deliveries of a paused queue go on; idle streams wake at once.
+   * Errors: INVALID_ARGUMENT, NOT_FOUND.
+   *
+   * @generated from rpc delayq.v1.AdminService.ResumeQueue
+   */
+  resumeQueue: {
+    methodKind: "unary";
+    input: typeof ResumeQueueRequestSchema;
+    output: typeof ResumeQueueResponseSchema;
+  },
+  /**
+   * PurgeQueue deletes up to `limit` jobs of a queue (one state, or every state)
+   * and says how many are left: call again until `remaining` is 0.
+   * A purged leased job's lease becomes unknown (its Ack answers UNKNOWN).
+   * Errors: INVALID_ARGUMENT, NOT_FOUND.
+   *
+   * @generated from rpc delayq.v1.AdminService.PurgeQueue
+   */
+  purgeQueue: {
+    methodKind: "unary";
+    input: typeof PurgeQueueRequestSchema;
+    output: typeof PurgeQueueResponseSchema;
+  },
+  /**
+   * ListJobs pages through the jobs of one state, optionally within a time range.
+   * Errors: INVALID_ARGUMENT (state, range, page_size, page_token), NOT_FOUND (queue).
+   *
+   * @generated from rpc delayq.v1.AdminService.ListJobs
+   */
+  listJobs: {
+    methodKind: "unary";
+    input: typeof ListJobsRequestSchema;
+    output: typeof ListJobsResponseSchema;
+  },
+  /**
+   * RescheduleJob moves a scheduled or ready job to a new due time atomically,
+   * keeping its id, payload and attempts. A leased job is refused unless
+   * `force`: then its lease is taken back (the holder's Ack answers STALE) and
+   * the attempt stays counted. Errors: INVALID_ARGUMENT, NOT_FOUND (queue or
+   * job), FAILED_PRECONDITION (leased without force, dead, completed, or the
+   * new due time is past the job's TTL).
+   *
+   * @generated from rpc delayq.v1.AdminService.RescheduleJob
+   */
+  rescheduleJob: {
+    methodKind: "unary";
+    input: typeof RescheduleJobRequestSchema;
+    output: typeof RescheduleJobResponseSchema;
+  },
+  /**
+   * UpdateJob replaces the payload and/or headers of a scheduled or ready job.
+   * Errors: INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION (leased, dead or completed).
+   *
+   * @generated from rpc delayq.v1.AdminService.UpdateJob
+   */
+  updateJob: {
+    methodKind: "unary";
+    input: typeof UpdateJobRequestSchema;
+    output: typeof UpdateJobResponseSchema;
+  },
+  /**
+   * RedriveDeadLetters moves up to `limit` dead jobs back to ready, in the same
+   * queue (atomically, ids kept) or another one (new ids; the header
+   * `delayq-redriven-from` names the old job), at most `rate` jobs per second.
+   * Call again until `remaining` is 0.
+   * Errors: INVALID_ARGUMENT, NOT_FOUND (queue or target queue).
+   *
+   * @generated from rpc delayq.v1.AdminService.RedriveDeadLetters
+   */
+  redriveDeadLetters: {
+    methodKind: "unary";
+    input: typeof RedriveDeadLettersRequestSchema;
+    output: typeof RedriveDeadLettersResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_delayq_v1_admin, 0);

@@ -10,8 +10,8 @@ import grpc
 
 from delayq.v1 import service_pb2
 from delayq_server import errors, validation
-from delayq_server.dispatcher import Dispatcher
-from delayq_server.store import ReleaseOutcome, ShardKeys, Store
+from delayq_server.rpc.base import ServicerBase
+from delayq_server.store import ReleaseOutcome, ShardKeys
 
 _RESULT = {
     ReleaseOutcome.RELEASED: service_pb2.RELEASE_RESULT_RELEASED,
@@ -20,11 +20,8 @@ _RESULT = {
 }
 
 
-class ReleaseServicer:
-    """Mixed into DelayQueueService, which provides the store and dispatcher."""
-
-    _store: Store
-    _dispatcher: Dispatcher
+class ReleaseRpcs(ServicerBase):
+    """Mixed into DelayQueueService."""
 
     @errors.unary
     async def Release(

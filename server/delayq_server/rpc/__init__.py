@@ -1,0 +1,1 @@
+"""DelayQueueService, one module per RPC family; service.py composes them."""

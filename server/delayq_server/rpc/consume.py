@@ -1,0 +1,69 @@
+"""Consume: a stream of deliveries from the dispatcher, framed by bytes."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from delayq.v1 import job_pb2, service_pb2
+from delayq_server import convert, errors, framing, ids, validation
+from delayq_server.rpc.base import Ctx, ServicerBase
+from delayq_server.store import (
+    ShardKeys,
+)
+
+
+class ConsumeRpcs(ServicerBase):
+    """Mixed into DelayQueueService."""
+
+    @errors.streaming
+    async def Consume(self, request: service_pb2.ConsumeRequest, context: Ctx) -> Any:
+        inp = validation.consume(request, self._cfg)
+        if self._quotas is None:
+            async for item in self._consume(inp):
+                yield item
+            return
+        async with self._quotas.stream(inp.namespace):
+            async for item in self._consume(inp):
+                yield item
+
+    async def _consume(self, inp: validation.ConsumeInput) -> Any:
+        shards_by_queue = []
+        leases = []
+        for q in inp.queues:
+            count = await self._shards(inp.namespace, q, create=True)
+            shards_by_queue.append([ShardKeys(inp.namespace, q, s) for s in range(count)])
+            qs = await self._store.queues.settings(inp.namespace, q)
+            if qs is not None and qs.lease_ms:
+                leases.append(qs.lease_ms)
+        if inp.default_lease and leases:
+            # No lease asked: the longest default of the stream's queues (issue 14),
+            # so no queue's jobs get a shorter lease than its settings say.
+            lease = max(leases)
+            inp = dataclasses.replace(
+                inp, lease_ms=lease, release_grace_ms=min(inp.release_grace_ms, lease)
+            )
+        stream = self._dispatcher.open(
+            shards_by_queue, inp.max_outstanding, inp.lease_ms, inp.max_batch, inp.release_grace_ms
+        )
+        cap = self._cfg.max_response_bytes
+        try:
+            async for batch in stream.deliveries():
+                deliveries = [
+                    job_pb2.Delivery(
+                        job=convert.job(keys, c.job_id, c.record, c.record.last_delivery_ms),
+                        lease_token=ids.format_token(keys, c.job_id, c.nonce),
+                        attempt=c.record.attempts,
+                        lease_deadline=convert.ts(c.lease_deadline_ms),
+                    )
+                    for keys, c in batch
+                ]
+                if self._tel.enabled:
+                    self._tel.on_delivered(batch)
+                # A default client refuses messages over 4 MiB: cap each by bytes.
+                sizes = [framing.bound(c.record) for _, c in batch]
+                for start, end in framing.split(sizes, cap):
+                    stream.mark_sent(c.nonce for _, c in batch[start:end])
+                    yield service_pb2.ConsumeResponse(deliveries=deliveries[start:end])
+        finally:
+            self._dispatcher.close(stream)

@@ -1,0 +1,213 @@
+"""Enqueue and EnqueueBatch: validation, shard placement, per-item results."""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+from collections import defaultdict
+from typing import Any, cast
+
+from delayq.v1 import service_pb2
+from delayq_server import convert, errors, ids, validation
+from delayq_server.errors import InvalidArgument
+from delayq_server.rpc.base import Ctx, ServicerBase
+from delayq_server.store import (
+    EnqueueResult,
+    JobSpec,
+    ShardKeys,
+)
+from delayq_server.store.queues import QueueSettings
+
+_NOTHING: dict[str, Any] = {}  # placeholder; every result is replaced before the reply
+
+
+def _response_fields(r: EnqueueResult) -> dict[str, Any]:
+    """An EnqueueResponse as constructor fields."""
+    fields: dict[str, Any] = {"job_id": r.job_id, "duplicate": r.duplicate}
+    if r.due_ms >= 0:  # unknown for a duplicate whose job and record are gone
+        fields["due_time"] = convert.parts(r.due_ms)
+    return fields
+
+
+def _queue_defaults(inp: validation.EnqueueInput, qs: QueueSettings) -> None:
+    """Fills what the request left to defaults from the queue's own settings (issue 14)."""
+    spec = inp.spec
+    if inp.default_attempts and qs.max_attempts:
+        spec.max_attempts = qs.max_attempts
+    if inp.default_retry and qs.retry is not None:
+        spec.backoff_initial_ms = qs.retry.initial_ms
+        spec.backoff_max_ms = qs.retry.max_ms
+        spec.multiplier = qs.retry.multiplier
+        spec.jitter = qs.retry.jitter
+
+
+def _shard_for(key: str, shards: int) -> int:
+    """Idempotency keys pick a stable shard so duplicates meet in one script."""
+    if shards <= 1:
+        return 0
+    return zlib.crc32(key.encode()) % shards
+
+
+class EnqueueRpcs(ServicerBase):
+    """Mixed into DelayQueueService."""
+
+    def _spec(
+        self,
+        inp: validation.EnqueueInput,
+        shards: int,
+        trace_headers: dict[str, str],
+        settings: QueueSettings | None = None,
+    ) -> tuple[int, JobSpec]:
+        """Picks the shard and completes the spec (id, trace context, the queue's
+        own defaults) in place."""
+        spec = inp.spec
+        if settings is not None:
+            _queue_defaults(inp, settings)
+        if spec.idempotency_key:
+            shard = _shard_for(spec.idempotency_key, shards)
+        else:
+            self._rr += 1
+            shard = self._rr % shards
+        spec.job_id = ids.new_job_id(shard, shards)
+        if trace_headers:  # a producer's own traceparent header wins
+            spec.headers = {**trace_headers, **spec.headers}
+        return shard, spec
+
+    async def _clock_refusals(
+        self, inputs: list[validation.EnqueueInput], batch_indexes: list[int] | None = None
+    ) -> list[InvalidArgument | None]:
+        """An absolute due time is bounded by the Redis clock (366-day horizon, TTL);
+        the clock is read once for the whole call and only when some job needs it."""
+        if not any(i.spec.due_at_ms is not None for i in inputs):
+            return [None] * len(inputs)
+        now = await self._store.time_ms()
+        return [
+            validation.due_vs_now(
+                inp.spec, now, "" if batch_indexes is None else f"requests[{batch_indexes[k]}]."
+            )
+            for k, inp in enumerate(inputs)
+        ]
+
+    async def _store_jobs(
+        self, inputs: list[validation.EnqueueInput], context: Ctx
+    ) -> list[EnqueueResult | Exception]:
+        """Stores validated jobs with one script call per shard, in input order.
+
+        Each item gets its response or the exception that stopped it: a queue
+        that cannot be looked up or a shard whose script fails answers for its
+        own items only, so a batch caller always knows which jobs were stored.
+        """
+        # The caller's trace continues in the consumer through the job's headers.
+        trace_headers = self._tel.trace_headers(context)
+        out: list[EnqueueResult | Exception | None] = [None] * len(inputs)
+        groups: dict[ShardKeys, list[tuple[int, JobSpec]]] = defaultdict(list)
+        counts: dict[tuple[str, str], int | Exception] = {}
+        settings: dict[tuple[str, str], QueueSettings | None] = {}
+        for index, inp in enumerate(inputs):
+            name = (inp.namespace, inp.queue)
+            shards = counts.get(name)
+            if shards is None:
+                try:
+                    shards = await self._shards(inp.namespace, inp.queue, create=True)
+                    # Cached per replica after the first call (store/queues.py).
+                    settings[name] = await self._store.queues.settings(*name)
+                except Exception as exc:  # answered per item below
+                    shards = exc
+                counts[name] = shards
+            if isinstance(shards, Exception):
+                out[index] = shards
+                continue
+            shard, spec = self._spec(inp, shards, trace_headers, settings.get(name))
+            groups[ShardKeys(inp.namespace, inp.queue, shard)].append((index, spec))
+
+        async def run(keys: ShardKeys, items: list[tuple[int, JobSpec]]) -> None:
+            try:
+                results, _ = await self._store.enqueue(keys, [s for _, s in items])
+            except Exception as exc:
+                for index, _ in items:
+                    out[index] = exc
+                return
+            for (index, _), r in zip(items, results, strict=True):
+                out[index] = r
+            self._tel.enqueued.add(
+                sum(1 for r in results if not r.duplicate), {"delayq.queue": keys.queue}
+            )
+            ttls = [s.ttl_ms for _, s in items if s.ttl_ms]
+            if ttls:
+                self._timers.expect_expiry(keys, min(ttls))
+
+        if len(groups) == 1:  # a unary call: no task for gather to make
+            await run(*next(iter(groups.items())))
+        else:
+            await asyncio.gather(*(run(k, v) for k, v in groups.items()))
+        return [r for r in out if r is not None]
+
+    @errors.unary
+    async def Enqueue(
+        self, request: service_pb2.EnqueueRequest, context: Ctx
+    ) -> service_pb2.EnqueueResponse:
+        inp = validation.enqueue(request, self._cfg)
+        (refused,) = await self._clock_refusals([inp])
+        if refused is not None:
+            raise refused
+        if self._quotas is not None:
+            await self._quotas.enqueue(inp.namespace, 1)
+        (r,) = await self._store_jobs([inp], context)
+        if isinstance(r, Exception):
+            raise r
+        return service_pb2.EnqueueResponse(**_response_fields(r))
+
+    @errors.unary
+    async def EnqueueBatch(
+        self, request: service_pb2.EnqueueBatchRequest, context: Ctx
+    ) -> service_pb2.EnqueueBatchResponse:
+        n = len(request.requests)
+        if not 1 <= n <= validation.MAX_BATCH:
+            raise InvalidArgument("requests", f"give 1 to {validation.MAX_BATCH} jobs, got {n}")
+        # Results are built as dicts and turned into messages in one constructor
+        # call: 3x cheaper than filling 1,000 messages field by field (issue 12).
+        results: list[dict[str, Any]] = [_NOTHING] * n
+        valid: list[tuple[int, validation.EnqueueInput]] = []
+        cfg = self._cfg
+        for i, req in enumerate(request.requests):
+            try:
+                valid.append((i, validation.enqueue(req, cfg, prefix=f"requests[{i}].")))
+            except Exception as exc:  # one bad item never fails the batch
+                code, message = errors.to_status(exc)
+                results[i] = {"error": {"code": code.value[0], "message": message}}
+        refusals = await self._clock_refusals([inp for _, inp in valid], [i for i, _ in valid])
+        if any(r is not None for r in refusals):
+            for (i, _), refused in zip(valid, refusals, strict=True):
+                if refused is not None:
+                    results[i] = {
+                        "error": {"code": refused.code.value[0], "message": refused.message}
+                    }
+            valid = [v for v, refused in zip(valid, refusals, strict=True) if refused is None]
+        if valid and self._quotas is not None:
+            valid = await self._batch_quota(valid, results)
+        if valid:
+            stored = await self._store_jobs([inp for _, inp in valid], context)
+            statuses: dict[int, dict[str, Any]] = {}  # one log line per failure
+            for (i, _), r in zip(valid, stored, strict=True):
+                if isinstance(r, Exception):
+                    if id(r) not in statuses:
+                        code, message = errors.to_status(r)
+                        statuses[id(r)] = {"error": {"code": code.value[0], "message": message}}
+                    results[i] = statuses[id(r)]
+                else:
+                    results[i] = {"response": _response_fields(r)}
+        return service_pb2.EnqueueBatchResponse(results=cast(Any, results))  # dicts: see above
+
+    async def _batch_quota(
+        self,
+        valid: list[tuple[int, validation.EnqueueInput]],
+        results: list[dict[str, Any]],
+    ) -> list[tuple[int, validation.EnqueueInput]]:
+        """Each namespace's jobs of a batch pass its quotas together or are refused per item."""
+        assert self._quotas is not None
+        refused = await self._quotas.enqueue_many([inp.namespace for _, inp in valid])
+        for i, inp in valid:
+            refusal = refused.get(inp.namespace)
+            if refusal is not None:
+                results[i] = {"error": {"code": refusal.code.value[0], "message": refusal.message}}
+        return [(i, inp) for i, inp in valid if inp.namespace not in refused]

@@ -1,0 +1,93 @@
+"""Ack, Nack and ExtendLease: answers to a delivery, fenced by its lease token."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+
+from delayq.v1 import service_pb2
+from delayq_server import convert, errors, validation
+from delayq_server.rpc.base import Ctx, ServicerBase
+from delayq_server.store import (
+    AckOutcome,
+    ShardKeys,
+    StaleLease,
+    UnknownJob,
+)
+
+_ACK_RESULT = {
+    AckOutcome.ACKED: service_pb2.ACK_RESULT_ACKED,
+    AckOutcome.STALE: service_pb2.ACK_RESULT_STALE,
+    AckOutcome.UNKNOWN: service_pb2.ACK_RESULT_UNKNOWN,
+}
+
+
+_ACK_NAME = {AckOutcome.ACKED: "acked", AckOutcome.STALE: "stale", AckOutcome.UNKNOWN: "unknown"}
+
+
+class LeaseRpcs(ServicerBase):
+    """Mixed into DelayQueueService."""
+
+    @errors.unary
+    async def Ack(self, request: service_pb2.AckRequest, context: Ctx) -> service_pb2.AckResponse:
+        tokens = validation.tokens(list(request.lease_tokens))
+        by_shard: dict[ShardKeys, list[int]] = defaultdict(list)
+        for i, t in enumerate(tokens):
+            by_shard[t.keys].append(i)
+        codes = [0] * len(tokens)
+
+        async def run(keys: ShardKeys, idx: list[int]) -> None:
+            out = await self._store.ack(keys, [tokens[i].ref for i in idx])
+            for i, code in zip(idx, out, strict=True):
+                codes[i] = code
+
+        await asyncio.gather(*(run(k, v) for k, v in by_shard.items()))
+        await self._dispatcher.credit(
+            [t for t, c in zip(tokens, codes, strict=True) if c == AckOutcome.ACKED]
+        )
+        # A late answer for a lease that ran out frees the slot its stream kept
+        # (Dispatcher.on_reaped); the job id must match, so forged tokens free nothing.
+        await self._dispatcher.answered(
+            [t for t, c in zip(tokens, codes, strict=True) if c != AckOutcome.ACKED]
+        )
+        if self._tel.enabled:
+            self._tel.on_acked([_ACK_NAME[c] for c in codes])
+        return service_pb2.AckResponse(results=[_ACK_RESULT[c] for c in codes])
+
+    @errors.unary
+    async def Nack(
+        self, request: service_pb2.NackRequest, context: Ctx
+    ) -> service_pb2.NackResponse:
+        token = validation.token("lease_token", request.lease_token)
+        delay = validation.nack_delay(request)
+        try:
+            outcome = await self._store.nack(
+                token.keys,
+                token.ref,
+                delay_ms=delay,
+                dead_letter=request.dead_letter,
+                reason=request.reason,
+            )
+        except (StaleLease, UnknownJob):
+            await self._dispatcher.answered([token])  # a late answer: see Ack
+            raise
+        await self._dispatcher.credit([token])
+        resp = service_pb2.NackResponse(state=int(outcome.state))  # type: ignore[arg-type]
+        if outcome.due_ms:
+            resp.due_time.CopyFrom(convert.ts(outcome.due_ms))
+        return resp
+
+    @errors.unary
+    async def ExtendLease(
+        self, request: service_pb2.ExtendLeaseRequest, context: Ctx
+    ) -> service_pb2.ExtendLeaseResponse:
+        token = validation.token("lease_token", request.lease_token)
+        ext = validation.extension(request)
+        try:
+            deadline = await self._store.extend(token.keys, token.ref, ext)
+        except (StaleLease, UnknownJob):
+            await self._dispatcher.answered([token])  # the client learns it lost the lease
+            raise
+        # A closed stream in its release grace must not release an extended lease.
+        await self._dispatcher.keep([token])
+        return service_pb2.ExtendLeaseResponse(lease_deadline=convert.ts(deadline))
