@@ -47,10 +47,13 @@ def breakdown(url: str, jobs: int) -> dict[str, dict[str, Any]]:
     try:
         for key in client.scan_iter(count=1000):
             name = key.decode()
+            encoding = client.object("encoding", key)
+            if encoding is None:
+                continue  # expired since the scan saw it (lost-reply entries live 30 s)
             row = out[kind(name)]
             row["keys"] += 1
             row["bytes"] += int(client.memory_usage(key, samples=0) or 0)
-            row["encodings"][client.object("encoding", key).decode()] += 1
+            row["encodings"][encoding.decode()] += 1
     finally:
         client.close()
     return {
