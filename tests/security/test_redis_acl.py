@@ -20,10 +20,10 @@ ACL_COMMANDS = (
     "+ping +time "
     "+evalsha +eval +script|load +script|exists "
     "+get +mget +set +del +exists +pexpire +pexpireat "
-    "+hget +hmget +hset +hsetnx +hgetall +hincrby "
+    "+hget +hmget +hset +hsetnx +hgetall +hincrby +hdel "
     "+sadd +smembers +sismember +scard "
     "+lpush +rpush +rpop +llen +lindex +lrem "
-    "+zadd +zrange +zrem +zcard +zscore +zremrangebyscore "
+    "+zadd +zrange +zrem +zcard +zscore +zremrangebyscore +rename "
     "+multi +exec +discard "
     "+publish +subscribe +unsubscribe"
 )

@@ -175,7 +175,9 @@ class JobAdmin:
         starts, a bucket holds the due times up to the next start), so walking
         the index by score walks them in due order; at most 64 buckets per call.
         """
-        holder = await self._redis.zrevrangebyscore(keys.index, lo_ms, "-inf", 0, 1)
+        holder = await self._redis.zrange(
+            keys.index, lo_ms, "-inf", desc=True, byscore=True, offset=0, num=1
+        )
         start = max(int(_s(holder[0])) if holder else lo_ms, bucket)
         heads = await self._redis.zrangebyscore(keys.index, start, hi_ms - 1, 0, 64)
         ids: list[str] = []
