@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from delayq_server.store import JobState, Store
+from delayq_server.store.jobs_admin import JobAdmin
 from delayq_server.store.keys import EVENTS_CHANNEL
 from tests.support.seed import T0, Shard, spec
 
@@ -240,3 +241,26 @@ async def test_claim_takes_due_jobs_from_the_backlog_itself(store: Store, shard:
     snap = await shard.snapshot()
     assert snap["ready"] == [] and snap["index"] == [] and snap["buckets"] == {}
     assert int(await store.redis.hget(shard.keys.stats, "backlog") or 0) == 0
+
+
+async def test_admin_listing_pages_through_split_buckets(store: Store, shard: Shard) -> None:
+    rng = random.Random(5)
+    offsets = [rng.randrange(1_000, 86_400_000) for _ in range(450)]
+    for start in range(0, 450, 150):
+        await store.enqueue(
+            shard.keys, [spec(delay_ms=d) for d in offsets[start : start + 150]], T0
+        )
+    assert len(await _bucket_sizes(shard)) > 4
+    admin = JobAdmin(store)
+    lo, hi = T0 + 3_600_000, T0 + 20 * 3_600_000  # a window cutting through buckets
+    seen: list[str] = []
+    bucket, offset, more = 0, 0, True
+    while more:
+        page = await admin.scheduled_page(shard.keys, lo, hi, bucket, offset, 37)
+        seen += page.ids
+        bucket, offset, more = page.bucket, page.offset, page.more
+    dues = [(await store.get(shard.keys, i))[0].due_ms for i in seen]
+    assert dues == sorted(dues) and len(set(seen)) == len(seen)
+    assert len(seen) == sum(1 for d in offsets if lo <= T0 + d < hi)
+    hist = await admin.backlog_buckets(shard.keys)
+    assert sum(n for _, n in hist) == 450 and [d for d, _ in hist] == sorted(d for d, _ in hist)
