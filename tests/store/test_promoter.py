@@ -101,3 +101,29 @@ async def test_a_stale_report_does_not_move_the_wake_up_later(
     # A claim that read the backlog before that enqueue reports a later head: dropped.
     promoter.report(now + 3_600_000, now - 1)
     await until(lambda: sum(promotes) == 1, within=10)
+
+
+async def test_the_awaited_report_counts_even_in_the_same_ms(
+    store: Store, promoted: tuple[Promoter, Stream, list[int]]
+) -> None:
+    """A claim on returned credit reported at ms T; the woken stream's claim reports at T
+    too: that report sets the next wake-up (no 10 ms wait and promote call)."""
+    promoter, stream, promotes = promoted
+    await until(lambda: promotes)
+    now = await store.time_ms()
+    await store.enqueue(KEYS, [spec(due_at_ms=now + 200), spec(due_at_ms=now + 400)])
+    promoter.wake.set()
+    await until(lambda: len(promotes) == 2)
+    real_claim = stream._claim
+
+    async def same_ms_claim() -> None:
+        # Another claim reported this very ms before the woken stream's own report.
+        seen = promoter._seen_now
+        promoter.report(now + 400, seen)
+        store.on_backlog_head = lambda keys, due, t: promoter.report(due, seen)
+        await real_claim()
+        store.on_backlog_head = lambda keys, due, t: promoter.report(due, t)
+
+    stream._claim = same_ms_claim  # type: ignore[method-assign]
+    await until(lambda: len(stream.claimed) == 2)
+    assert len(promotes) == 2  # both due times went to the stream: no fallback promote

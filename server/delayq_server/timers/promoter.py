@@ -21,7 +21,7 @@ from delayq_server.timers.base import Loop
 
 # How long a woken stream has to report back before the promoter promotes
 # itself: the stream may have closed, or its claim failed.
-DELEGATE_WAIT_S = 0.02
+DELEGATE_WAIT_S = 0.01
 # Due times closer together than this share one wake-up (the later one waits
 # for the earlier's turn): at 1,000 due jobs/s a wake-up per due ms cost more
 # CPU than the jobs themselves. Adds at most this much lateness, only when
@@ -79,6 +79,7 @@ class Promoter(Loop):
         self._head: tuple[int | None, int, float] | None = None
         self._seen_now = 0  # Redis ms of the newest report taken (older ones are stale)
         self._acted_at = 0.0  # monotonic time of the last promote or hand-over
+        self._handed_over = False  # a woken stream's report is awaited
         hub.subscribe(events.DUE, keys.tag, self.wake)
 
     def report(self, next_due_ms: int | None, now_ms: int) -> None:
@@ -87,8 +88,11 @@ class Promoter(Loop):
         Reports older than what we know are dropped: an enqueue may have added
         an earlier job since, and its "due" event made us ask Redis already.
         """
-        if now_ms <= self._seen_now:
+        # The awaited report may share its ms with the last one (a claim on
+        # returned credit): taken, unless a promote ran since (it clears the wait).
+        if now_ms < self._seen_now or (now_ms == self._seen_now and not self._handed_over):
             return
+        self._handed_over = False
         self._seen_now = now_ms
         self._head = (next_due_ms, now_ms, time.monotonic())
         self._wake.report()
@@ -115,9 +119,11 @@ class Promoter(Loop):
                 # Due, and a stream here waits: its claim promotes (never early:
                 # claim.lua checks against Redis' clock) and reports back.
                 self._head = None
+                self._handed_over = True
                 self._waiters.wake(self._keys.tag)
                 return DELEGATE_WAIT_S
         self._acted_at = time.monotonic()
+        self._handed_over = False
         res = await self._store.promote(self._keys, PROMOTE_LIMIT)
         self.idle = res.next_due_ms is None
         if res.now_ms >= self._seen_now:
