@@ -76,3 +76,8 @@ bench-timers: bench-deps
 .PHONY: bench-admin
 bench-admin: deps
 	$(PY) -m bench.admin --json .run/bench-admin.json $(BENCH_ARGS)
+
+# Issue 15: push delivery, callbacks/s to a local receiver and callback lateness.
+.PHONY: bench-push
+bench-push: deps
+	$(PY) -m bench.push $(BENCH_ARGS)

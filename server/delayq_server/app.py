@@ -30,6 +30,8 @@ from delayq_server.dashboard import DashboardApi
 from delayq_server.decode_guard import DecodeGuard, guarded
 from delayq_server.dispatcher import Dispatcher
 from delayq_server.http_port import HttpPort
+from delayq_server.push import config as push_config
+from delayq_server.push.pusher import Pusher
 from delayq_server.quotas import Limits, Quotas
 from delayq_server.service import DelayQueueService
 from delayq_server.store import Store, layout
@@ -204,6 +206,13 @@ class App:
                 self.http.app, DashboardApi(self.queue_ops, self.job_ops, self.authenticator)
             )
         self.http_port = 0
+        self.pusher: Pusher | None = None
+        if cfg.push_config is not None:
+            try:
+                targets = push_config.load(cfg.push_config)
+            except push_config.PushConfigError as exc:
+                raise StartupError(f"--push-config: {exc}") from exc
+            self.pusher = Pusher(targets, self.store, self.dispatcher, self.timers.ensure)
 
     def _on_queue_event(self, tag: str, detail: str) -> None:
         """A queue's settings changed or it was deleted, through any replica."""
@@ -282,6 +291,8 @@ class App:
                 self.cfg.listen,
             )
         await self.server.start()
+        if self.pusher is not None:
+            self.pusher.start()
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
         return self.port
@@ -302,6 +313,8 @@ class App:
         """Graceful: refuse new work, end streams (releasing their leases), drain, close."""
         grace = self.cfg.grace_ms / 1000 if grace_s is None else grace_s
         await self.health.enter_graceful_shutdown()
+        if self.pusher is not None:  # before the streams close: its own settle first
+            await self.pusher.stop()
         self.dispatcher.close_all()
         await self.server.stop(grace)
         if self.http is not None:
@@ -314,6 +327,9 @@ class App:
 
     async def abort(self) -> None:
         """Undoes a start that failed half-way (nothing was served)."""
+        if self.pusher is not None:
+            with contextlib.suppress(Exception):
+                await self.pusher.stop()
         if self.http is not None:
             with contextlib.suppress(Exception):
                 await self.http.stop()

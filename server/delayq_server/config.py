@@ -59,6 +59,7 @@ class Config:
     events_maxlen: int = 1_000_000  # per shard stream, approximate (MAXLEN ~)
     workers: int = 1  # server processes sharing the port (workers.py)
     reuse_port: bool = False  # set by the supervisor for its workers only
+    push_config: str | None = None  # JSON push targets: set, this process pushes (push/)
 
 
 # flag name -> (env var, parser, help)
@@ -129,6 +130,11 @@ _FLAGS: dict[str, tuple[str, Callable[[str], object] | None, str]] = {
     "max_message_bytes": ("DELAYQ_MAX_MESSAGE_BYTES", int, "largest gRPC message"),
     "events_maxlen": ("DELAYQ_EVENTS_MAXLEN", int, "entries kept per shard's events stream"),
     "workers": ("DELAYQ_WORKERS", int, "server processes sharing the port (1 to 64)"),
+    "push_config": (
+        "DELAYQ_PUSH_CONFIG",
+        str,
+        'JSON file of HTTP push targets per queue: this process pushes (README "Push delivery")',
+    ),
     "clock_skew_ms": (
         "DELAYQ_CLOCK_SKEW",
         parse_signed_ms,
@@ -322,6 +328,14 @@ def load(argv: Sequence[str] | None = None, env: dict[str, str] | None = None) -
         check(cfg)
     except ConfigError as exc:
         fail(str(exc))
+    if cfg.push_config is not None:  # refused before anything starts
+        from delayq_server.push.config import PushConfigError
+        from delayq_server.push.config import load as load_push
+
+        try:
+            load_push(cfg.push_config)
+        except PushConfigError as exc:
+            fail(f"--push-config: {exc}")
     return cfg
 
 

@@ -1,0 +1,1 @@
+"""Push delivery: due jobs POSTed to admin-configured HTTP targets (README "Push delivery")."""
