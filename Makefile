@@ -7,14 +7,17 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(abspath $(VENV))/bin/python
 STAMP := $(VENV)/.deps-stamp
+RUN_STAMP := $(VENV)/.run-deps-stamp
 PROTO_FILES := $(wildcard proto/delayq/v1/*.proto)
 PY_GEN_DIR := clients/python
+# Descriptors with comments (source info) that gRPC reflection serves (reflection.py).
+REFLECTION_SET := server/delayq_server/descriptors.binpb
 
 # Suites appended by mk/*.mk fragments (Go, TypeScript, grpcurl, bench ...).
 TEST_TARGETS := test-py
 LINT_TARGETS := lint-py
 
-.PHONY: help deps system-deps run test test-py lint lint-py proto proto-py proto-check check-generated bench bench-lateness clean fuzz
+.PHONY: help deps system-deps run-deps redis-server-dep run test test-py lint lint-py proto proto-py proto-check check-generated bench bench-lateness clean fuzz
 
 help:
 	@echo "make run          start delayq on 127.0.0.1:50051 (managed redis unless DELAYQ_REDIS_URL is set)"
@@ -26,12 +29,14 @@ help:
 	@echo "make fuzz         long randomized property run against every RPC (FUZZ_EXAMPLES=2000)"
 
 # Debian packages the suites need; installed only when missing.
-system-deps:
+redis-server-dep:
 	@if ! command -v redis-server >/dev/null; then \
 	  echo "installing redis-server (Debian package)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null; \
 	  systemctl disable --now redis-server >/dev/null 2>&1 || true; \
 	fi
+
+system-deps: redis-server-dep
 	@if [ ! -x /usr/bin/chromium ]; then \
 	  echo "installing chromium (Debian package; the dashboard's browser tests drive it with Playwright)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
@@ -41,15 +46,27 @@ system-deps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libc6-dev >/dev/null; \
 	fi
 
-$(STAMP): requirements-dev.txt server/pyproject.toml clients/python/pyproject.toml
+# What the server needs at run time and nothing else (the Dockerfile runs the
+# same commands): pinned dependencies, then the two packages without theirs.
+$(RUN_STAMP): server/pyproject.toml clients/python/pyproject.toml scripts/runtime_requirements.py
 	python3 -m venv $(VENV)
+	python3 scripts/runtime_requirements.py > $(VENV)/runtime-requirements.txt
+	$(PY) -m pip install -q -r $(VENV)/runtime-requirements.txt
+	$(PY) -m pip install -q --no-deps -e clients/python -e server
+	touch $@
+
+# Development and test tools on top (`make test`, `make lint`, `make deps`).
+$(STAMP): requirements-dev.txt $(RUN_STAMP)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements-dev.txt -e clients/python -e server
+	$(PY) -m pip install -q -r requirements-dev.txt
 	touch $@
 
 deps: system-deps $(STAMP)
 
-run: deps
+run-deps: redis-server-dep $(RUN_STAMP)
+
+# Only the runtime: no development tools, no toolchains (README "Two commands").
+run: run-deps
 	$(PY) -m delayq_server $(RUN_ARGS)
 
 test: deps
@@ -85,10 +102,12 @@ proto-py: $(STAMP)
 	  --plugin=protoc-gen-mypy_grpc=$(abspath $(VENV))/bin/protoc-gen-mypy_grpc \
 	  --mypy_out=$(PY_GEN_DIR) --mypy_grpc_out=$(PY_GEN_DIR) \
 	  $(PROTO_FILES)
+	$(PY) -m grpc_tools.protoc -Iproto --include_imports --include_source_info \
+	  --descriptor_set_out=$(REFLECTION_SET) $(PROTO_FILES)
 
 # Regenerates everything and fails when the committed files change.
 proto-check: proto
-	@git diff --exit-code --stat -- $(PY_GEN_DIR)/delayq/v1 clients/go/delayqv1 clients/typescript/src/gen || (echo "generated code drifted from proto/: run 'make proto' and commit" >&2; exit 1)
+	@git diff --exit-code --stat -- $(PY_GEN_DIR)/delayq/v1 $(REFLECTION_SET) clients/go/delayqv1 clients/typescript/src/gen || (echo "generated code drifted from proto/: run 'make proto' and commit" >&2; exit 1)
 
 # Issue 2's check: ~1,000 jobs/s falling due for 30 s through the real server
 # (the harness's delayq lateness scenario alone; results in .run/bench-lateness).

@@ -6,7 +6,7 @@ BENCH_PEERS := bench/peers
 BENCH_ARQ_VENV := $(BENCH_PEERS)/.venv
 BENCH_STAMP := $(VENV)/.bench-deps-stamp
 
-.PHONY: bench-deps bench-full bench-quick bench-profile bench-replay bench-auth
+.PHONY: bench-deps bench-full bench-quick bench-profile bench-replay bench-auth bench-telemetry
 
 $(BENCH_STAMP): bench/requirements.txt $(STAMP)
 	$(PY) -m pip install -q -r bench/requirements.txt
@@ -35,6 +35,10 @@ bench-quick: bench-deps
 bench-profile: bench-deps
 	$(PY) -m bench.harness --profile $(BENCH_ARGS)
 
+# Issue 13: enqueue throughput with telemetry off, /metrics on, tracing on (same run).
+bench-telemetry: deps
+	$(PY) -m bench.telemetry $(BENCH_ARGS)
+
 # Issue 9: enqueue throughput with auth off and on, same run, alternating rounds.
 bench-auth: deps
 	$(PY) -m bench.auth $(BENCH_ARGS)
@@ -53,11 +57,12 @@ bench-redelivery: deps
 bench-replay: deps
 	$(PY) -m bench.replay_overhead $(BENCH_ARGS)
 
-# Issue 11: big backlogs (10k, 1M, 10M delayed jobs over 30 days) and a burst of
-# 1M jobs due at once, on one Redis and on a 3-master cluster (bench/scale.py).
+# Issue 11: big backlogs, lateness with the backlog in place and a burst of jobs due
+# at once, on one Redis and on a 3-master cluster (bench/scale.py). The issue's run:
+# make bench-scale BENCH_ARGS="--backlogs 10000,1000000,10000000 --burst 1000000"
 .PHONY: bench-scale
 bench-scale: deps
-	$(PY) -m bench.scale --cluster --json .run/bench-scale.json $(BENCH_ARGS)
+	$(PY) -m bench.scale --json .run/bench-scale.json $(BENCH_ARGS)
 
 # Issue 12: Redis bytes per delayed job (1 h and 30 d spreads) and where they go, per
 # key kind (bench/memory_breakdown.py; --redis-args for another Redis config).

@@ -10,6 +10,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from delayq._channel import resolve_target
+
 __all__ = ["main", "parse_ms"]
 
 _UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -35,8 +37,9 @@ def _spark_args(p: argparse.ArgumentParser) -> None:
 def _client_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--target",
-        default=os.environ.get("DELAYQ_TARGET", "127.0.0.1:50051"),
-        help="server host:port; several, comma-separated, spread the partitions over them",
+        default=resolve_target(None),
+        help="server host:port (env DELAYQ_ADDR); several, comma-separated, spread the "
+        "partitions over them",
     )
     p.add_argument("--namespace", default="default")
     p.add_argument(

@@ -9,7 +9,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from delayq_server import config
+from delayq_server import config, logs
 from delayq_server.app import App, StartupError
 from delayq_server.managed_redis import ManagedRedis
 
@@ -48,9 +48,7 @@ async def serve(cfg: config.Config, redis_url: str) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     cfg = config.load(argv)
-    logging.basicConfig(
-        level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logs.setup(cfg.log_level, cfg.log_format)
     managed: ManagedRedis | None = None
     url = cfg.redis_url
     try:

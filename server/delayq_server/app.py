@@ -13,10 +13,11 @@ import grpc
 from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from delayq.v1 import admin_pb2, admin_pb2_grpc, service_pb2, service_pb2_grpc
-from delayq_server import clock, dashboard, events, redis_client, telemetry
+from delayq_server import clock, dashboard, events, redis_client, resync, telemetry
+from delayq_server import reflection as described_reflection
 from delayq_server.admin.common import Deps
 from delayq_server.admin.jobs import JobOps
 from delayq_server.admin.queues import QueueOps
@@ -30,11 +31,14 @@ from delayq_server.dashboard import DashboardApi
 from delayq_server.decode_guard import DecodeGuard, guarded
 from delayq_server.dispatcher import Dispatcher
 from delayq_server.http_port import HttpPort
+from delayq_server.http_port import metrics as metrics_route
+from delayq_server.otel_providers import TelemetryConfigError
 from delayq_server.push import config as push_config
 from delayq_server.push.pusher import Pusher
+from delayq_server.queue_gauges import QueueGauges
 from delayq_server.quotas import Limits, Quotas
 from delayq_server.service import DelayQueueService
-from delayq_server.store import Store, layout
+from delayq_server.store import LeaseRef, ShardKeys, Store, layout
 from delayq_server.store.jobs_admin import JobAdmin
 from delayq_server.store.queues import QUEUE_EVENT
 from delayq_server.store.quotas import QuotaStore
@@ -125,6 +129,12 @@ class App:
             log.warning("local clock skewed by %d ms (test setting)", cfg.clock_skew_ms)
         clock.set_skew_ms(cfg.clock_skew_ms)
         self.redis_url = redis_url
+        try:
+            self.telemetry = telemetry.setup(
+                cfg.otel, cfg.http_listen is not None, {"service.instance.id": self.server_id}
+            )
+        except TelemetryConfigError as exc:
+            raise StartupError(str(exc)) from exc
         self.redis = redis_client.connect(redis_url)
         self.store = Store(
             self.redis,
@@ -133,6 +143,7 @@ class App:
             completed_retention_ms=cfg.completed_retention_ms,
             default_shards=cfg.shards_per_queue,
             events_maxlen=cfg.events_maxlen if cfg.record_events else 0,
+            observe=self.telemetry.observe_script if self.telemetry.metering else None,
         )
         self.hub = events.EventHub()
         self.dispatcher = Dispatcher(
@@ -142,10 +153,12 @@ class App:
             on_leased=lambda keys, deadline_ms: self.timers.lease_taken(keys, deadline_ms),
             idle_fallback_s=cfg.wake_fallback_ms / 1000,
         )
+        if self.telemetry.metering:
+            self.dispatcher.on_released = self.telemetry.on_released
         self.timers = Timers(
             self.store,
             self.hub,
-            self.dispatcher.on_reaped,
+            self._on_reaped,
             self.server_id,
             fallback_s=cfg.wake_fallback_ms / 1000,
             waiters=Waiters(self.dispatcher.board.has_idle, self.dispatcher.board.fire),
@@ -157,10 +170,10 @@ class App:
             self.hub,
             self.server_id,
             self.dispatcher.on_message,
-            on_subscribed=self._resync,
+            on_subscribed=resync.on_resubscribed(self.store, self.timers, self.dispatcher),
         )
+        self.timers.on_known = self.listener.want
         self.health = health_aio.HealthServicer()
-        self.telemetry = telemetry.setup(cfg.otel)
         self.token_store = TokenStore(self.redis)
         self.authenticator: TokenAuthenticator | None = None
         interceptors = [*self.telemetry.interceptors()]
@@ -213,6 +226,22 @@ class App:
             except push_config.PushConfigError as exc:
                 raise StartupError(f"--push-config: {exc}") from exc
             self.pusher = Pusher(targets, self.store, self.dispatcher, self.timers.ensure)
+        self.gauges: QueueGauges | None = None
+        if self.telemetry.metering:
+            self.gauges = QueueGauges(
+                self.store,
+                self.telemetry,
+                self.timers.queues,
+                self.dispatcher.stream_count,
+                self.dispatcher.leases_in_flight,
+            )
+            registry = self.telemetry.providers.prometheus_registry
+            if self.http is not None and registry is not None:
+                metrics_route.add_routes(self.http.app, registry, self.gauges)
+
+    def _on_reaped(self, keys: ShardKeys, leases: list[LeaseRef]) -> None:
+        self.telemetry.on_reaped(keys, leases)
+        self.dispatcher.on_reaped(keys, leases)
 
     def _on_queue_event(self, tag: str, detail: str) -> None:
         """A queue's settings changed or it was deleted, through any replica."""
@@ -224,11 +253,6 @@ class App:
         task = asyncio.create_task(self.timers.forget_queue(namespace, queue))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-
-    def _resync(self) -> None:
-        self.store.queues.forget_all()  # "changed" events may have been lost
-        self.timers.wake_all()
-        self.dispatcher.wake_all()
 
     async def start(self) -> int:
         """Checks the port and Redis, starts loops, binds and serves; returns the port."""
@@ -245,9 +269,18 @@ class App:
             raise StartupError(str(exc)) from exc
         except RedisError as exc:
             raise StartupError(f"cannot use Redis at {_safe_url(self.redis_url)}: {exc}") from exc
+        try:  # wake-ups need sharded pub/sub (Redis 7.0); an ACL user may lack it too
+            await self.store.notify_server(self.server_id, "hello")
+        except ResponseError as exc:
+            raise StartupError(
+                f"Redis at {_safe_url(self.redis_url)} refused SPUBLISH ({exc}): delayq needs "
+                "Redis 7.0 or later, and an ACL user needs +spublish +ssubscribe"
+            ) from exc
         self.listener.start()
         await asyncio.wait_for(self.listener.ready.wait(), 10)
         await self.timers.start()
+        if self.gauges is not None and self.telemetry.providers.push_metrics:
+            self.gauges.start_background()
         service = DelayQueueService(
             self.cfg, self.store, self.dispatcher, self.timers, self.telemetry, self.quotas
         )
@@ -262,7 +295,7 @@ class App:
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, registrar)
         if self.cfg.reflection:
-            reflection.enable_server_reflection(
+            described_reflection.enable(
                 (SERVICE_NAME, ADMIN_SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME),
                 registrar,
             )
@@ -333,6 +366,9 @@ class App:
         if self.http is not None:
             with contextlib.suppress(Exception):
                 await self.http.stop()
+        if self.gauges is not None:
+            with contextlib.suppress(Exception):
+                await self.gauges.stop()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.timers.stop(), FINISH_TIMEOUT_S)
         with contextlib.suppress(Exception):
@@ -341,6 +377,8 @@ class App:
             await self.redis.aclose()
 
     async def _finish(self) -> None:
+        if self.gauges is not None:
+            await self.gauges.stop()
         await self.dispatcher.drain_releases()
         await self.timers.stop()
         await self.listener.stop()

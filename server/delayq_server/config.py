@@ -37,8 +37,9 @@ class Config:
     wake_fallback_ms: int = 30_000  # longest idle wait without a wake-up
     timer_coalesce_ms: int = 2  # due times closer than this share a wake-up (promoter.py)
     log_level: str = "INFO"
+    log_format: str = "text"  # or "json": one JSON object per line (logs.py)
     clock_skew_ms: int = 0  # test only: shifts the local wall clock (docs/chaos.md)
-    otel: bool = False  # export traces/metrics over OTLP (OTEL_EXPORTER_OTLP_* env)
+    otel: bool = False  # export traces/metrics (otel_providers.py: OTEL_* environment)
     auth: bool = False  # bearer tokens / client certificates required (README "Auth")
     auth_bootstrap_token_file: str | None = None
     tls_cert: str | None = None
@@ -96,6 +97,7 @@ _FLAGS: dict[str, tuple[str, Callable[[str], object] | None, str]] = {
         "due times closer than this share one promoter wake-up",
     ),
     "log_level": ("DELAYQ_LOG_LEVEL", str, "logging level"),
+    "log_format": ("DELAYQ_LOG_FORMAT", str, "log lines as text or json"),
     "auth_bootstrap_token_file": (
         "DELAYQ_AUTH_BOOTSTRAP_TOKEN_FILE",
         str,
@@ -144,7 +146,10 @@ _FLAGS: dict[str, tuple[str, Callable[[str], object] | None, str]] = {
 
 # flag name -> (env var, help); "--x" sets True, "--no-x" False
 _BOOLS: dict[str, tuple[str, str]] = {
-    "otel": ("DELAYQ_OTEL", "export OTLP telemetry"),
+    "otel": (
+        "DELAYQ_OTEL",
+        "export traces and metrics (OTEL_TRACES_EXPORTER / OTEL_METRICS_EXPORTER, default otlp)",
+    ),
     "auth": ("DELAYQ_AUTH", "require a token (or mapped client certificate) on every RPC"),
     "reflection": ("DELAYQ_REFLECTION", "serve gRPC reflection (default on)"),
     "record_events": (
@@ -247,6 +252,8 @@ def check(cfg: Config) -> None:
         raise ConfigError("--retry-max: must not be below --retry-initial")
     if cfg.log_level.upper() not in _LOG_LEVELS:
         raise ConfigError(f"--log-level: must be one of {', '.join(_LOG_LEVELS)}")
+    if cfg.log_format not in ("text", "json"):
+        raise ConfigError(f"--log-format: must be text or json, got {cfg.log_format!r}")
     if cfg.redis_url is not None:
         _check_redis_url(cfg.redis_url)
     for flag, address in (("--listen", cfg.listen), ("--http-listen", cfg.http_listen)):

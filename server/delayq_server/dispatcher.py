@@ -20,7 +20,6 @@ from collections.abc import Callable
 from delayq_server import events
 from delayq_server.ids import LeaseToken
 from delayq_server.store import Claimed, LeaseRef, ShardKeys, Store
-from delayq_server.store.keys import server_channel
 from delayq_server.stream import IDLE_FALLBACK_S, ConsumeStream
 from delayq_server.wakeups import ReadyBoard
 
@@ -49,7 +48,17 @@ class Dispatcher:
         self._lingering: set[asyncio.Task[int]] = set()  # closed streams in their grace
         self._background: set[asyncio.Task[None]] = set()
         self.board = ReadyBoard()
+        # Leases a closed stream gave back, per shard (telemetry.py counts them).
+        self.on_released: Callable[[ShardKeys, int], None] = lambda keys, n: None
         hub.listen(events.READY, self._on_ready)
+
+    def stream_count(self) -> int:
+        """Open Consume streams (those in their release grace included)."""
+        return len(self._streams)
+
+    def leases_in_flight(self) -> int:
+        """Deliveries of this replica's streams not yet answered."""
+        return sum(len(s.outstanding) for s in list(self._streams.values()))
 
     def _on_ready(self, tag: str, detail: str) -> None:
         self.board.fire(tag, int(detail) if detail.isdigit() else 1)
@@ -118,6 +127,10 @@ class Dispatcher:
         task = asyncio.create_task(release(), name="release orphaned claim")
         self._releases.add(task)
         task.add_done_callback(self._release_done)
+
+    def recheck(self, tag: str) -> None:
+        """The shard's channel was (re)subscribed: a "ready" may have been lost."""
+        self.board.fire(tag)
 
     def wake_all(self) -> None:
         """After a possible loss of events: every stream re-checks all its shards."""
@@ -194,9 +207,7 @@ class Dispatcher:
         self.on_message(kind, local)
         for server_id, items in remote.items():
             with contextlib.suppress(Exception):
-                await self.store.redis.publish(
-                    server_channel(server_id), f"{kind} " + " ".join(items)
-                )
+                await self.store.notify_server(server_id, f"{kind} " + " ".join(items))
 
     def on_message(self, kind: str, items: list[str]) -> None:
         """A message for this replica's streams, local or from another replica."""

@@ -69,6 +69,15 @@ def new_job_id(shard: int, shards: int) -> str:
     return text if shards <= 1 else f"{text}-{shard}"
 
 
+def created_ms(job_id: str) -> int | None:
+    """The wall-clock ms a job id was made at (its first 48 bits), or None when malformed."""
+    head = job_id[:10]  # 10 base32hex digits = 50 bits: the 48-bit time, 2 random bits
+    try:
+        return int(head, 32) >> 2 if len(head) == 10 else None
+    except ValueError:
+        return None
+
+
 def shard_of(job_id: str) -> int | None:
     """The shard a job id lives in, or None when the id is malformed."""
     m = _JOB_ID.match(job_id)

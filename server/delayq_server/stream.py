@@ -254,5 +254,7 @@ class ConsumeStream:
         self.outstanding.clear()
         released = 0
         for keys, leases in by_shard.items():
-            released += await self._d.store.release(keys, leases, unsent=unsent)
+            n = await self._d.store.release(keys, leases, unsent=unsent)
+            self._d.on_released(keys, n)
+            released += n
         return released

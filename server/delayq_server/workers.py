@@ -9,7 +9,8 @@ named for the address while its workers run. A second group on the same port
 finds the lock taken; a single server (SO_REUSEPORT off) cannot bind into a
 group, and a group cannot bind onto a single server (docs/decisions.md).
 Workers die with the supervisor (parent-death signal) and are restarted when
-they die alone.
+they die alone. With --http-listen host:P, worker i serves its own admin HTTP
+port P+i (/metrics are per process; docs/decisions.md).
 """
 
 from __future__ import annotations
@@ -54,13 +55,33 @@ class Supervisor:
         self.host = host
         self.port = int(port) or free_port()
         self.argv = [*argv, "--listen", f"{host}:{self.port}", "--redis-url", redis_url]
+        # Each worker has its own metrics, so its own admin HTTP port: worker i
+        # serves --http-listen's port + i (any free port each when it is 0).
+        self.http: tuple[str, int] | None = None
+        if cfg.http_listen:
+            http_host, _, http_port = cfg.http_listen.rpartition(":")
+            self.http = (http_host, int(http_port))
         self.procs: list[subprocess.Popen[str] | None] = [None] * cfg.workers
         self.ready = [threading.Event() for _ in range(cfg.workers)]
         self.stopping = threading.Event()
 
+    def http_listen(self, i: int) -> list[str]:
+        if self.http is None:
+            return []
+        host, port = self.http
+        return ["--http-listen", f"{host}:{port + i if port else 0}"]
+
     def _spawn(self, i: int) -> None:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "delayq_server", *self.argv, "--workers", "1"],
+            [
+                sys.executable,
+                "-m",
+                "delayq_server",
+                *self.argv,
+                *self.http_listen(i),
+                "--workers",
+                "1",
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -84,6 +105,9 @@ class Supervisor:
 
         try:
             check_bind(f"{self.host}:{self.port}")  # nobody, group or single, holds it
+            for i in range(self.cfg.workers):
+                if self.http is not None and self.http[1]:
+                    check_bind(self.http_listen(i)[1])
         except StartupError as exc:
             config.fail(str(exc))
         lock = _lock_port(self.host, self.port)

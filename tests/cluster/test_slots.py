@@ -62,6 +62,7 @@ async def test_every_script_runs_on_the_cluster(cluster_store: tuple[Store, set[
         await store.expire(k, now_ms=now + 60_000)
         assert isinstance(e, LeaseRef)
         later = await shard.scheduled(10_000)
+        assert (await store.backlog_due(k, now)).within_minute >= 1  # ours, the retried one
         assert (await store.delete(k, later))[0] > 0
         assert await store.own([k], "replica-a", 3000) == [True]
         assert await store.own([k], "replica-b", 3000) == [False]

@@ -41,7 +41,7 @@ async def _enqueue_without_wakeup(url: str, queue: str, monkeypatch: pytest.Monk
 
     from delayq_server.store import ShardKeys
 
-    monkeypatch.setattr(store_module, "EVENTS_CHANNEL", "dq:nobody-listens")
+    monkeypatch.setattr(store_module, "shard_channel", lambda keys: "dq:{nobody}:ch")
     client = aioredis.Redis.from_url(url)
     try:
         job = spec(delay_ms=0)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from concurrent import futures
@@ -114,4 +118,66 @@ def test_otel_exports_spans_of_one_trace_and_metrics(
         with recv.lock:
             deliver = next(s for s in recv.spans if s.name == f"{queue} deliver")
         assert deliver.parent_span_id.hex() == span_id  # continues from the Enqueue span
+        # ... and links to it, the link carrying how late the delivery was.
+        (link,) = deliver.links
+        assert link.span_id.hex() == span_id
+        assert {a.key for a in link.attributes} == {"delayq.lateness_ms"}
     assert {"delayq.jobs.delivered", "delayq.delivery.lateness"} <= recv.metric_names
+
+
+def _console_spans(server: DelayqProcess) -> list[dict[str, Any]]:
+    """Spans the console exporter printed (one JSON object per span, pretty-printed)."""
+    text = "".join(server.output)
+    spans, decoder, i = [], json.JSONDecoder(), 0
+    while (i := text.find("{\n", i)) >= 0:
+        obj, end = decoder.raw_decode(text, i)
+        spans.append(obj)
+        i = end
+    return spans
+
+
+def test_console_exporter_and_service_name_from_the_environment(
+    redis_server: ManagedRedis, queue: str
+) -> None:
+    env = {
+        "OTEL_TRACES_EXPORTER": "console",  # tracing on without --otel
+        "OTEL_SERVICE_NAME": "billing-delayq",
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+    }
+    with DelayqProcess(redis_server.url, env=env) as server, server.channel() as ch:
+        _roundtrip(server.stub(ch), queue)
+
+        def printed() -> bool:
+            return any(s["name"] == f"{queue} deliver" for s in _console_spans(server))
+
+        wait_until(printed, timeout=15, interval=0.1)
+    spans = _console_spans(server)
+    assert {s["resource"]["attributes"]["service.name"] for s in spans} == {"billing-delayq"}
+    deliver = next(s for s in spans if s["name"] == f"{queue} deliver")
+    assert deliver["context"]["trace_id"] == "0x" + TRACE_ID
+    assert deliver["attributes"]["messaging.destination.name"] == queue
+    assert "delayq.lateness_ms" in deliver["links"][0]["attributes"]
+
+
+def test_sampler_from_the_environment(redis_server: ManagedRedis, queue: str) -> None:
+    env = {
+        "OTEL_TRACES_EXPORTER": "console",
+        "OTEL_TRACES_SAMPLER": "always_off",
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+    }
+    with DelayqProcess(redis_server.url, env=env) as server, server.channel() as ch:
+        headers = _roundtrip(server.stub(ch), queue)
+    # Nothing sampled, nothing printed; the caller's trace id still travels with the job.
+    assert _console_spans(server) == []
+    assert headers["traceparent"].split("-")[1] == TRACE_ID
+
+
+def test_unknown_exporter_is_refused_in_one_line(redis_server: ManagedRedis) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "delayq_server", "--redis-url", redis_server.url,
+         "--listen", "127.0.0.1:0", "--otel"],
+        capture_output=True, text=True, timeout=60,
+        env={**os.environ, "OTEL_TRACES_EXPORTER": "zipkin"},
+    )  # fmt: skip
+    assert out.returncode == 2
+    assert "OTEL_TRACES_EXPORTER: zipkin is not one of console, none, otlp" in out.stderr

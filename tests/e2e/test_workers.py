@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 
 import grpc
 import pytest
 
 from delayq.v1 import service_pb2, service_pb2_grpc
-from tests.support.servers import ROOT, DelayqProcess, ManagedRedis, wait_until
+from tests.support.servers import ROOT, DelayqProcess, ManagedRedis, free_port, wait_until
 
 
 @pytest.fixture
@@ -79,3 +81,30 @@ def test_sigterm_stops_the_group_and_sigkill_takes_the_workers_along(
 
     wait_until(lambda: all(gone(p) for p in children), 15)
     assert signal.SIGTERM  # the parent-death signal the workers get
+
+
+def test_each_worker_serves_its_own_admin_port(redis_server: ManagedRedis) -> None:
+    """Worker i serves --http-listen's port + i: N workers never fight over one port."""
+
+    def consecutive_free() -> int:
+        while True:
+            port = free_port()
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+            return port
+
+    base = consecutive_free()
+    args = ["--workers", "2", "--http-listen", f"127.0.0.1:{base}"]
+    with DelayqProcess(redis_server.url, args) as proc:
+        lines = [line for line in proc.output if "admin http on" in line]
+        assert sorted(line.split("] ", 1)[0] + "]" for line in lines) == [
+            "[worker 0]",
+            "[worker 1]",
+        ]
+        assert {int(line.rsplit(":", 1)[1]) for line in lines} == {base, base + 1}
+        for port in (base, base + 1):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+                assert b"target_info" in resp.read()

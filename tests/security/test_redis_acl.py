@@ -12,6 +12,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 )
 
 from delayq.v1 import service_pb2, service_pb2_grpc
+from tests.e2e.test_operations import assert_refused, run_server
 from tests.support.rpc import ms
 from tests.support.servers import DelayqProcess, ManagedRedis
 
@@ -25,7 +26,7 @@ ACL_COMMANDS = (
     "+lpush +rpush +rpop +llen +lindex +lrem "
     "+zadd +zrange +zrem +zcard +zscore +zremrangebyscore +rename "
     "+multi +exec +discard "
-    "+publish +subscribe +unsubscribe"
+    "+spublish +ssubscribe +sunsubscribe"
 )
 USER_ACL = f"delayq on >s3cret-pass resetkeys ~dq:* resetchannels &dq:* -@all {ACL_COMMANDS}"
 
@@ -89,3 +90,15 @@ def test_reflection_can_be_switched_off(redis_url: str) -> None:
         with pytest.raises(grpc.RpcError) as info:
             ProtoReflectionDescriptorDatabase(ch).get_services()
         assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_a_user_without_sharded_pubsub_is_refused_at_start(tmp_path: Path) -> None:
+    """Wake-ups need SPUBLISH/SSUBSCRIBE (Redis 7.0): the grant of classic pub/sub
+    alone (or a Redis older than 7.0) is one clear line at start, not silent waits."""
+    classic = USER_ACL.replace("+spublish +ssubscribe +sunsubscribe", "+publish +subscribe")
+    assert classic != USER_ACL
+    with ManagedRedis(tmp_path, appendonly=False, extra=["--user", *classic.split(" ")]) as r:
+        url = f"redis://delayq:s3cret-pass@127.0.0.1:{r.port}/0"
+        proc = run_server("--redis-url", url, "--listen", "127.0.0.1:0")
+    assert_refused(proc, "refused SPUBLISH", "Redis 7.0 or later", "+spublish")
+    assert "s3cret" not in proc.stderr

@@ -118,6 +118,7 @@ async def wired(aredis: aioredis.Redis) -> AsyncIterator[tuple[Store, Timers]]:
     hub = events.EventHub()
     timers = Timers(store, hub, lambda keys, leases: None, idle_stop_s=0.3, refresh_s=0.1)
     listener = events.PubSubListener(aredis, hub, "t1", lambda kind, items: None)
+    timers.on_known = listener.want
     listener.start()
     await asyncio.wait_for(listener.ready.wait(), 10)
     await timers.start()
@@ -150,7 +151,7 @@ async def test_a_lost_due_event_is_caught_by_the_refresh(
     keys = ShardKeys("default", "quiet", 0)
     timers.ensure("default", "quiet", await store.shard_count("default", "quiet", create=True))
     await until(lambda: not timers.running(keys))
-    monkeypatch.setattr(store_module, "EVENTS_CHANNEL", "dq:nobody-listens")
+    monkeypatch.setattr(store_module, "shard_channel", lambda keys: "dq:{nobody}:ch")
     job = spec(delay_ms=300)
     await Store(aredis).enqueue(keys, [job])  # its "due" event is lost
     await until(lambda: timers.running(keys))  # the refresh saw the backlog

@@ -9,7 +9,6 @@ import pytest
 
 from delayq_server.store import JobState, Store
 from delayq_server.store.jobs_admin import JobAdmin
-from delayq_server.store.keys import EVENTS_CHANNEL
 from tests.support.seed import T0, Shard, spec
 
 
@@ -169,7 +168,7 @@ async def test_idempotency_window_expires(aredis: object, shard: Shard) -> None:
 
 async def test_enqueue_publishes_wakeups(store: Store, shard: Shard) -> None:
     async with store.redis.pubsub() as ps:
-        await ps.subscribe(EVENTS_CHANNEL)
+        await ps.ssubscribe(shard.keys.channel)
         await ps.get_message(timeout=1)  # subscribe confirmation
         await shard.scheduled(5_000)  # first job: earliest due moved
         await shard.scheduled(9_000)  # later: no wake-up needed

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 
@@ -15,7 +16,7 @@ from delayq_server.store import (
     Store,
     UnknownJob,
 )
-from tests.support.seed import T0, Shard
+from tests.support.seed import T0, Shard, spec
 
 
 async def test_claim_leases_with_fresh_nonce_and_counts_the_attempt(
@@ -260,3 +261,40 @@ async def test_give_back_is_uncounted_per_lease_and_never_dead_letters(
     assert set(got[:2]) == {last.job_id, held.job_id} and got[2] == waiting
     # A repeat (its reply was lost) changes nothing: the token is no longer current.
     assert await store.give_back(shard.keys, [held], T0) == [R.STALE]
+
+
+async def test_claims_acks_and_releases_are_bounded_per_script_call(
+    store: Store, shard: Shard
+) -> None:
+    """A burst of leases is many short script calls, never one that stalls Redis
+    (docs/design.md: every script is bounded); results keep the input order."""
+    from delayq_server.store.store import ACK_CHUNK, CLAIM_LIMIT, RELEASE_CHUNK
+
+    sizes: dict[str, list[int]] = {"claim": [], "ack": [], "release": []}
+    run = store._run
+
+    async def counting_run(name: str, keys: Any, args: Any) -> Any:
+        out = await run(name, keys, args)
+        if name == "claim":
+            sizes[name].append((len(out) - 1) // 3)  # {now, then id, nonce, record each}
+        elif name in sizes:
+            sizes[name].append(len(out))  # one outcome code per lease
+        return out
+
+    store._run = counting_run  # type: ignore[method-assign]
+    n = 1000
+    await store.enqueue(shard.keys, [spec(delay_ms=0) for _ in range(n)], T0)
+    claimed = await store.claim(shard.keys, n, 30_000, "s.1.0.", T0)
+    assert len(claimed) == CLAIM_LIMIT == sizes["claim"][0]
+    while len(claimed) < n:
+        claimed += await store.claim(shard.keys, CLAIM_LIMIT, 30_000, "s.1.0.", T0)
+    leases = [LeaseRef(c.job_id, c.nonce) for c in claimed]
+    half = n // 2
+    acked = await store.ack(shard.keys, leases[:half], T0)
+    assert acked == [AckOutcome.ACKED] * half
+    assert sizes["ack"] == [ACK_CHUNK] * (half // ACK_CHUNK) + (
+        [half % ACK_CHUNK] if half % ACK_CHUNK else []
+    )
+    released = await store.give_back(shard.keys, leases[half:], T0)
+    assert released == [ReleaseOutcome.RELEASED] * half
+    assert sizes["release"] == [RELEASE_CHUNK] * (half // RELEASE_CHUNK)

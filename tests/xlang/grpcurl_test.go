@@ -50,6 +50,30 @@ func TestGrpcurlListAndDescribe(t *testing.T) {
 	}
 }
 
+// describe of a method used to fail with "Symbol not found", and no describe
+// printed comments: reflection now serves descriptors with source info.
+func TestGrpcurlDescribeShowsMethodsAndComments(t *testing.T) {
+	addr := serverAddr(t)
+	method := grpcurl(t, addr, "describe", service+".Enqueue")
+	for _, want := range []string{
+		"is a method",
+		"// Enqueue stores one job",
+		"rpc Enqueue ( .delayq.v1.EnqueueRequest ) returns ( .delayq.v1.EnqueueResponse );",
+	} {
+		if !strings.Contains(method, want) {
+			t.Errorf("describe %s.Enqueue: %q missing from\n%s", service, want, method)
+		}
+	}
+	svc := grpcurl(t, addr, "describe", service)
+	if !strings.Contains(svc, "// DelayQueueService schedules jobs") {
+		t.Errorf("describe %s: no comment in\n%s", service, svc)
+	}
+	field := grpcurl(t, addr, "describe", "delayq.v1.QueueStats.backlog_due")
+	if !strings.Contains(field, "// When the backlog") {
+		t.Errorf("describe QueueStats.backlog_due: no comment in\n%s", field)
+	}
+}
+
 func TestGrpcurlEnqueueConsumeAck(t *testing.T) {
 	addr := serverAddr(t)
 	queue := queueName("grpcurl")

@@ -440,7 +440,10 @@ type QueueStats struct {
 	// Jobs moved to the dead-letter set.
 	DeadLetteredTotal uint64 `protobuf:"varint,14,opt,name=dead_lettered_total,json=deadLetteredTotal,proto3" json:"dead_lettered_total,omitempty"`
 	// Jobs dropped because their TTL ran out.
-	ExpiredTotal  uint64 `protobuf:"varint,15,opt,name=expired_total,json=expiredTotal,proto3" json:"expired_total,omitempty"`
+	ExpiredTotal uint64 `protobuf:"varint,15,opt,name=expired_total,json=expiredTotal,proto3" json:"expired_total,omitempty"`
+	// When the backlog (`scheduled`) falls due, counted from the server's clock
+	// at the time of the call; the four counts add up to `scheduled`.
+	BacklogDue    *BacklogDue `protobuf:"bytes,16,opt,name=backlog_due,json=backlogDue,proto3" json:"backlog_due,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -580,6 +583,88 @@ func (x *QueueStats) GetExpiredTotal() uint64 {
 	return 0
 }
 
+func (x *QueueStats) GetBacklogDue() *BacklogDue {
+	if x != nil {
+		return x.BacklogDue
+	}
+	return nil
+}
+
+// The backlog by due time: jobs due within the next minute, hour (after the
+// first minute), day (after the first hour), and later. Overdue jobs not yet
+// moved to ready count as due within the minute.
+type BacklogDue struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Due in less than 60 s (overdue included).
+	WithinMinute uint64 `protobuf:"varint,1,opt,name=within_minute,json=withinMinute,proto3" json:"within_minute,omitempty"`
+	// Due in 60 s to less than 1 h.
+	WithinHour uint64 `protobuf:"varint,2,opt,name=within_hour,json=withinHour,proto3" json:"within_hour,omitempty"`
+	// Due in 1 h to less than 24 h.
+	WithinDay uint64 `protobuf:"varint,3,opt,name=within_day,json=withinDay,proto3" json:"within_day,omitempty"`
+	// Due in 24 h or more.
+	Later         uint64 `protobuf:"varint,4,opt,name=later,proto3" json:"later,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BacklogDue) Reset() {
+	*x = BacklogDue{}
+	mi := &file_delayq_v1_job_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BacklogDue) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BacklogDue) ProtoMessage() {}
+
+func (x *BacklogDue) ProtoReflect() protoreflect.Message {
+	mi := &file_delayq_v1_job_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BacklogDue.ProtoReflect.Descriptor instead.
+func (*BacklogDue) Descriptor() ([]byte, []int) {
+	return file_delayq_v1_job_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *BacklogDue) GetWithinMinute() uint64 {
+	if x != nil {
+		return x.WithinMinute
+	}
+	return 0
+}
+
+func (x *BacklogDue) GetWithinHour() uint64 {
+	if x != nil {
+		return x.WithinHour
+	}
+	return 0
+}
+
+func (x *BacklogDue) GetWithinDay() uint64 {
+	if x != nil {
+		return x.WithinDay
+	}
+	return 0
+}
+
+func (x *BacklogDue) GetLater() uint64 {
+	if x != nil {
+		return x.Later
+	}
+	return 0
+}
+
 var File_delayq_v1_job_proto protoreflect.FileDescriptor
 
 const file_delayq_v1_job_proto_rawDesc = "" +
@@ -622,7 +707,7 @@ const file_delayq_v1_job_proto_rawDesc = "" +
 	"\vlease_token\x18\x02 \x01(\tR\n" +
 	"leaseToken\x12\x18\n" +
 	"\aattempt\x18\x03 \x01(\rR\aattempt\x12A\n" +
-	"\x0elease_deadline\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\rleaseDeadline\"\x9d\x04\n" +
+	"\x0elease_deadline\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\rleaseDeadline\"\xd5\x04\n" +
 	"\n" +
 	"QueueStats\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x14\n" +
@@ -641,7 +726,17 @@ const file_delayq_v1_job_proto_rawDesc = "" +
 	"ackedTotal\x12#\n" +
 	"\rretried_total\x18\r \x01(\x04R\fretriedTotal\x12.\n" +
 	"\x13dead_lettered_total\x18\x0e \x01(\x04R\x11deadLetteredTotal\x12#\n" +
-	"\rexpired_total\x18\x0f \x01(\x04R\fexpiredTotal*\x96\x01\n" +
+	"\rexpired_total\x18\x0f \x01(\x04R\fexpiredTotal\x126\n" +
+	"\vbacklog_due\x18\x10 \x01(\v2\x15.delayq.v1.BacklogDueR\n" +
+	"backlogDue\"\x87\x01\n" +
+	"\n" +
+	"BacklogDue\x12#\n" +
+	"\rwithin_minute\x18\x01 \x01(\x04R\fwithinMinute\x12\x1f\n" +
+	"\vwithin_hour\x18\x02 \x01(\x04R\n" +
+	"withinHour\x12\x1d\n" +
+	"\n" +
+	"within_day\x18\x03 \x01(\x04R\twithinDay\x12\x14\n" +
+	"\x05later\x18\x04 \x01(\x04R\x05later*\x96\x01\n" +
 	"\bJobState\x12\x19\n" +
 	"\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13JOB_STATE_SCHEDULED\x10\x01\x12\x13\n" +
@@ -663,37 +758,39 @@ func file_delayq_v1_job_proto_rawDescGZIP() []byte {
 }
 
 var file_delayq_v1_job_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_delayq_v1_job_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_delayq_v1_job_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_delayq_v1_job_proto_goTypes = []any{
 	(JobState)(0),                 // 0: delayq.v1.JobState
 	(*RetryPolicy)(nil),           // 1: delayq.v1.RetryPolicy
 	(*Job)(nil),                   // 2: delayq.v1.Job
 	(*Delivery)(nil),              // 3: delayq.v1.Delivery
 	(*QueueStats)(nil),            // 4: delayq.v1.QueueStats
-	nil,                           // 5: delayq.v1.Job.HeadersEntry
-	(*durationpb.Duration)(nil),   // 6: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 7: google.protobuf.Timestamp
+	(*BacklogDue)(nil),            // 5: delayq.v1.BacklogDue
+	nil,                           // 6: delayq.v1.Job.HeadersEntry
+	(*durationpb.Duration)(nil),   // 7: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 8: google.protobuf.Timestamp
 }
 var file_delayq_v1_job_proto_depIdxs = []int32{
-	6,  // 0: delayq.v1.RetryPolicy.initial_backoff:type_name -> google.protobuf.Duration
-	6,  // 1: delayq.v1.RetryPolicy.max_backoff:type_name -> google.protobuf.Duration
+	7,  // 0: delayq.v1.RetryPolicy.initial_backoff:type_name -> google.protobuf.Duration
+	7,  // 1: delayq.v1.RetryPolicy.max_backoff:type_name -> google.protobuf.Duration
 	0,  // 2: delayq.v1.Job.state:type_name -> delayq.v1.JobState
-	5,  // 3: delayq.v1.Job.headers:type_name -> delayq.v1.Job.HeadersEntry
+	6,  // 3: delayq.v1.Job.headers:type_name -> delayq.v1.Job.HeadersEntry
 	1,  // 4: delayq.v1.Job.retry:type_name -> delayq.v1.RetryPolicy
-	7,  // 5: delayq.v1.Job.create_time:type_name -> google.protobuf.Timestamp
-	7,  // 6: delayq.v1.Job.due_time:type_name -> google.protobuf.Timestamp
-	7,  // 7: delayq.v1.Job.expire_time:type_name -> google.protobuf.Timestamp
-	7,  // 8: delayq.v1.Job.last_delivery_time:type_name -> google.protobuf.Timestamp
-	7,  // 9: delayq.v1.Job.finish_time:type_name -> google.protobuf.Timestamp
+	8,  // 5: delayq.v1.Job.create_time:type_name -> google.protobuf.Timestamp
+	8,  // 6: delayq.v1.Job.due_time:type_name -> google.protobuf.Timestamp
+	8,  // 7: delayq.v1.Job.expire_time:type_name -> google.protobuf.Timestamp
+	8,  // 8: delayq.v1.Job.last_delivery_time:type_name -> google.protobuf.Timestamp
+	8,  // 9: delayq.v1.Job.finish_time:type_name -> google.protobuf.Timestamp
 	2,  // 10: delayq.v1.Delivery.job:type_name -> delayq.v1.Job
-	7,  // 11: delayq.v1.Delivery.lease_deadline:type_name -> google.protobuf.Timestamp
-	6,  // 12: delayq.v1.QueueStats.oldest_ready_age:type_name -> google.protobuf.Duration
-	7,  // 13: delayq.v1.QueueStats.next_due_time:type_name -> google.protobuf.Timestamp
-	14, // [14:14] is the sub-list for method output_type
-	14, // [14:14] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	8,  // 11: delayq.v1.Delivery.lease_deadline:type_name -> google.protobuf.Timestamp
+	7,  // 12: delayq.v1.QueueStats.oldest_ready_age:type_name -> google.protobuf.Duration
+	8,  // 13: delayq.v1.QueueStats.next_due_time:type_name -> google.protobuf.Timestamp
+	5,  // 14: delayq.v1.QueueStats.backlog_due:type_name -> delayq.v1.BacklogDue
+	15, // [15:15] is the sub-list for method output_type
+	15, // [15:15] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_delayq_v1_job_proto_init() }
@@ -707,7 +804,7 @@ func file_delayq_v1_job_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_delayq_v1_job_proto_rawDesc), len(file_delayq_v1_job_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   5,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

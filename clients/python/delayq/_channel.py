@@ -7,12 +7,14 @@ from collections.abc import Sequence
 from typing import Any
 
 __all__ = [
+    "ADDR_ENV",
     "DEFAULT_TARGET",
     "MAX_BATCH_BYTES",
     "MAX_BATCH_ITEMS",
     "TOKEN_ENV",
     "auth_metadata",
     "channel_options",
+    "resolve_target",
 ]
 
 #: Environment variable read when no `token=` is given.
@@ -30,6 +32,19 @@ def auth_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
 
 
 DEFAULT_TARGET = "127.0.0.1:50051"
+#: Environment variable read when no `target` is given: the one address setting
+#: of every client, the CLI and the examples (README "Two commands").
+ADDR_ENV = "DELAYQ_ADDR"
+_OLD_ADDR_ENV = "DELAYQ_TARGET"  # deprecated alias, read after DELAYQ_ADDR
+
+
+def resolve_target(target: str | None) -> str:
+    """`target`, else $DELAYQ_ADDR (or the deprecated $DELAYQ_TARGET), else 127.0.0.1:50051."""
+    if target:
+        return target
+    return os.environ.get(ADDR_ENV) or os.environ.get(_OLD_ADDR_ENV) or DEFAULT_TARGET
+
+
 #: EnqueueBatch takes at most 1000 jobs (contract) ...
 MAX_BATCH_ITEMS = 1000
 #: ... and stays under the 4 MiB default receive limit of gRPC servers.

@@ -10,7 +10,7 @@ from typing import Any
 import grpc
 
 from delayq import _convert
-from delayq._channel import DEFAULT_TARGET, auth_metadata, channel_options
+from delayq._channel import auth_metadata, channel_options, resolve_target
 from delayq.admin_queues import QueueAdminMixin
 from delayq.errors import from_rpc_error
 from delayq.v1 import admin_pb2, admin_pb2_grpc
@@ -60,7 +60,7 @@ class AdminClient(QueueAdminMixin):
 
     def __init__(
         self,
-        target: str = DEFAULT_TARGET,
+        target: str | None = None,
         *,
         token: str | None = None,
         namespace: str = "",
@@ -68,6 +68,7 @@ class AdminClient(QueueAdminMixin):
         credentials: grpc.ChannelCredentials | None = None,
         options: Sequence[tuple[str, Any]] = (),
     ) -> None:
+        target = resolve_target(target)
         opts = channel_options(options)
         self._channel = (
             grpc.secure_channel(target, credentials, options=opts)

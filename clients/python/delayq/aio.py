@@ -19,11 +19,11 @@ from delayq import _convert
 from delayq._backoff import Backoff
 from delayq._batcher import AsyncBatcher, Batching, Outcome, resolve
 from delayq._channel import (
-    DEFAULT_TARGET,
     MAX_BATCH_BYTES,
     MAX_BATCH_ITEMS,
     auth_metadata,
     channel_options,
+    resolve_target,
 )
 from delayq._common import (
     RETRYABLE,
@@ -61,7 +61,7 @@ class AsyncClient:
 
     def __init__(
         self,
-        target: str = DEFAULT_TARGET,
+        target: str | None = None,
         *,
         namespace: str = "default",
         timeout: float = 10.0,
@@ -82,6 +82,7 @@ class AsyncClient:
         self._retry_deadline = retry_deadline
         self._own_channel = channel is None
         if channel is None:
+            target = resolve_target(target)
             opts = channel_options(options)
             channel = (
                 aio.secure_channel(target, credentials, options=opts)

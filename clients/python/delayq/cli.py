@@ -18,7 +18,7 @@ from typing import Any, TextIO
 import grpc
 
 from delayq import __version__, cli_queues, cli_tokens
-from delayq._channel import DEFAULT_TARGET
+from delayq._channel import ADDR_ENV, DEFAULT_TARGET, resolve_target
 from delayq._convert import delivery_from_proto, parse_duration_text
 from delayq._progress import Progress
 from delayq.aio import AsyncClient
@@ -76,8 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "-t",
         "--target",
-        default=os.environ.get("DELAYQ_TARGET", DEFAULT_TARGET),
-        help="server host:port (env DELAYQ_TARGET, default %(default)s)",
+        default=resolve_target(None),
+        help=f"server host:port (env {ADDR_ENV}, default {DEFAULT_TARGET})",
     )
     p.add_argument(
         "-n",

@@ -14,11 +14,11 @@ from delayq import _convert
 from delayq._backoff import Backoff
 from delayq._batcher import Batching, Outcome, ThreadBatcher, resolve
 from delayq._channel import (
-    DEFAULT_TARGET,
     MAX_BATCH_BYTES,
     MAX_BATCH_ITEMS,
     auth_metadata,
     channel_options,
+    resolve_target,
 )
 from delayq._common import (
     RETRYABLE,
@@ -60,7 +60,7 @@ class Client:
 
     def __init__(
         self,
-        target: str = DEFAULT_TARGET,
+        target: str | None = None,
         *,
         namespace: str = "default",
         timeout: float = 10.0,
@@ -81,6 +81,7 @@ class Client:
         self._retry_deadline = retry_deadline
         self._own_channel = channel is None
         if channel is None:
+            target = resolve_target(target)
             opts = channel_options(options)
             channel = (
                 grpc.secure_channel(target, credentials, options=opts)

@@ -22,7 +22,7 @@ import grpc
 
 from delayq import _convert
 from delayq._backoff import Backoff
-from delayq._channel import DEFAULT_TARGET
+from delayq._channel import resolve_target
 from delayq._common import AckOutcome, ReleaseOutcome
 from delayq._convert import DurationLike
 from delayq.aio import AsyncClient
@@ -114,7 +114,7 @@ class Worker:
 
     def __init__(
         self,
-        target: str = DEFAULT_TARGET,
+        target: str | None = None,
         *,
         namespace: str = "default",
         concurrency: int = 16,
@@ -142,7 +142,7 @@ class Worker:
         release_grace_td = _convert.to_timedelta(release_grace)
         if release_grace_td < timedelta(0):
             raise ValueError("release_grace must not be negative")
-        self.target = target
+        self.target = resolve_target(target)
         self.namespace = namespace
         self.concurrency = concurrency
         self.prefetch = prefetch

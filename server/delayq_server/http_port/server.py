@@ -1,7 +1,7 @@
 """One aiohttp server on --http-listen, in the gRPC server's event loop.
 
-Off unless --http-listen is set. Features (Prometheus /metrics, the dashboard)
-add their routes with `HttpPort.app.router` before `start()`; the port itself
+Off unless --http-listen is set. Features (Prometheus /metrics in metrics.py,
+the dashboard) add their routes with `HttpPort.app.router` before `start()`; the port itself
 serves only /healthz. docs/design.md "Admin HTTP port".
 """
 

@@ -6,9 +6,9 @@
 -- KEYS[5] dead    ZSET  job id -> time of death ms
 -- KEYS[6] paused  STRING  present while the queue is paused: nothing is claimed
 -- KEYS[7] index   ZSET  backlog bucket start ms (includes/record.lua)
--- ARGV[1] prefix, ARGV[2] now ms ('' = Redis TIME), ARGV[3] count (<= 500),
+-- ARGV[1] prefix, ARGV[2] now ms ('' = Redis TIME), ARGV[3] count (<= CLAIM_LIMIT, store.py),
 -- ARGV[4] lease ms, ARGV[5] nonce prefix (the stream's; a counter is appended),
--- ARGV[6] events channel (publishes "<prefix> lease <deadline>" for the reaper),
+-- ARGV[6] shard channel (SPUBLISH) (publishes "<prefix> lease <deadline>" for the reaper),
 -- ARGV[7] randomness: 16 hex chars per job (count * 16), from the server's CSPRNG,
 -- ARGV[8] events MAXLEN, always the last argument (0 = off; lua/includes/events.lua)
 -- Returns: {now, next due ms in the backlog (-1: none, -2: not read, paused), then per
@@ -101,7 +101,7 @@ end
 -- The shard's reaper (on whichever replica owns the shard) sleeps until the
 -- earliest deadline it knows: tell it when this claim made an earlier one.
 if #out > 2 and (not head[2] or now + lease < tonumber(head[2])) then
-  redis.call('PUBLISH', channel, prefix .. ' lease ' .. string.format('%d', now + lease))
+  redis.call('SPUBLISH', channel, prefix .. ' lease ' .. string.format('%d', now + lease))
 end
 if #kept > 1 then replay_put(kept) end
 return out

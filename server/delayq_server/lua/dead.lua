@@ -1,6 +1,6 @@
 -- dead.lua: redrive (back to ready, attempts reset) or purge dead jobs.
 -- KEYS[1] dead ZSET, KEYS[2] ready LIST, KEYS[3] stats HASH
--- ARGV[1] prefix, ARGV[2] action ('redrive' | 'purge'), ARGV[3] events channel,
+-- ARGV[1] prefix, ARGV[2] action ('redrive' | 'purge'), ARGV[3] shard channel (SPUBLISH),
 -- ARGV[4] limit (<= 1000, used when no ids are given), then job ids (may be none),
 -- then events MAXLEN (0 = off; lua/includes/events.lua)
 -- Returns: number of jobs moved or deleted.
@@ -40,6 +40,6 @@ for _, id in ipairs(ids) do
   end
 end
 if action == 'redrive' and done > 0 and was_empty then
-  redis.call('PUBLISH', channel, prefix .. ' ready ' .. done)
+  redis.call('SPUBLISH', channel, prefix .. ' ready ' .. done)
 end
 return done, done > 0

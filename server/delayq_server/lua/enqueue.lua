@@ -4,7 +4,7 @@
 -- KEYS[3] stats   HASH  counters
 -- KEYS[4] exp     ZSET  job id -> expire ms (jobs with a TTL only)
 -- ARGV[1] prefix (dq:{ns/queue/shard}:), ARGV[2] now ms ('' = Redis TIME),
--- ARGV[3] unused (was the bucket width), ARGV[4] idempotency window ms, ARGV[5] events channel,
+-- ARGV[3] unused (was the bucket width), ARGV[4] idempotency window ms, ARGV[5] shard channel (SPUBLISH),
 -- ARGV[6] job count n (<= 1000, enforced by the caller),
 -- ARGV[7] the jobs: one msgpack array of n arrays of 12 fields each:
 --   id, delay_ms (-1 when due_at is given), due_at ms (-1), ttl ms (0 none),
@@ -119,9 +119,9 @@ end
 if stored > 0 then redis.call('HINCRBY', k_stats, 'enqueued', stored) end
 -- One counter update per call, not per job.
 if delayed > 0 then redis.call('HINCRBY', k_stats, 'backlog', delayed) end
-if pushed > 0 and was_empty then redis.call('PUBLISH', channel, prefix .. ' ready ' .. pushed) end
+if pushed > 0 and was_empty then redis.call('SPUBLISH', channel, prefix .. ' ready ' .. pushed) end
 if earliest and (head_due == nil or earliest < head_due) then
-  redis.call('PUBLISH', channel, prefix .. ' due ' .. string.format('%d', earliest))
+  redis.call('SPUBLISH', channel, prefix .. ' due ' .. string.format('%d', earliest))
 end
 if stored > 0 then replay_put(kept) end
 return out

@@ -6,7 +6,7 @@
 -- KEYS[5] stats   HASH  counters
 -- ARGV[1] prefix, ARGV[2] now ms ('' = Redis TIME), ARGV[3] unused (was the bucket width),
 -- ARGV[4] job id, ARGV[5] nonce, ARGV[6] delay ms (-1 = the job's retry policy),
--- ARGV[7] dead letter now (0/1), ARGV[8] reason, ARGV[9] events channel,
+-- ARGV[7] dead letter now (0/1), ARGV[8] reason, ARGV[9] shard channel (SPUBLISH),
 -- ARGV[10] events MAXLEN (0 = off; lua/includes/events.lua)
 -- Returns: {code, state, due ms}; code 1 ok, -1 unknown job, -2 stale token
 local k_index, k_ready, k_leased, k_dead, k_stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -31,12 +31,12 @@ local was_empty = redis.call('LLEN', k_ready) == 0
 local to_ready = to_retry(prefix, k_index, k_ready, k_stats, id, rec, now, delay, reason)
 emit(prefix, 'nacked', id, now, rec, reason)
 if to_ready == 1 then
-  if was_empty then redis.call('PUBLISH', channel, prefix .. ' ready 1') end
+  if was_empty then redis.call('SPUBLISH', channel, prefix .. ' ready 1') end
   -- The contract answers SCHEDULED (retry at due time) or DEAD; a retry due
   -- now is a schedule whose due time is now, even though it waits in ready.
   return {1, S_SCHEDULED, now}
 end
 if not head_due or now + delay < head_due then
-  redis.call('PUBLISH', channel, prefix .. ' due ' .. string.format('%d', now + delay))
+  redis.call('SPUBLISH', channel, prefix .. ' due ' .. string.format('%d', now + delay))
 end
 return {1, S_SCHEDULED, now + delay}

@@ -3,7 +3,7 @@
 -- KEYS[2] ready   LIST  job ids due now
 -- KEYS[3] stats   HASH  counters ('backlog' is decremented)
 -- ARGV[1] prefix, ARGV[2] now ms ('' = Redis TIME), ARGV[3] limit (ids per call),
--- ARGV[4] unused (was the bucket width), ARGV[5] events channel
+-- ARGV[4] unused (was the bucket width), ARGV[5] shard channel (SPUBLISH)
 -- Returns: {moved, next due ms (-1 when the backlog is empty), now}
 -- Bounded: at most `limit` ids and 64 buckets per call, so a million jobs due
 -- at once never blocks Redis; the caller calls again while moved == limit.
@@ -19,7 +19,7 @@ local was_empty = redis.call('LLEN', k_ready) == 0
 local moved = promote_due(prefix, k_index, k_ready, now, limit)
 if moved > 0 then
   redis.call('HINCRBY', k_stats, 'backlog', -moved)
-  if was_empty then redis.call('PUBLISH', ARGV[5], prefix .. ' ready ' .. moved) end
+  if was_empty then redis.call('SPUBLISH', ARGV[5], prefix .. ' ready ' .. moved) end
 end
 local next_due = backlog_head(prefix, k_index) or -1
 return {moved, next_due, now}

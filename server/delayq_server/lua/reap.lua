@@ -6,9 +6,10 @@
 -- KEYS[4] dead    ZSET  job id -> time of death ms
 -- KEYS[5] stats   HASH  counters
 -- ARGV[1] prefix, ARGV[2] now ms ('' = Redis TIME), ARGV[3] limit (<= 500),
--- ARGV[4] unused (was the bucket width), ARGV[5] events channel,
+-- ARGV[4] unused (was the bucket width), ARGV[5] shard channel (SPUBLISH),
 -- ARGV[6] events MAXLEN (0 = off; lua/includes/events.lua)
--- Returns: {reaped, next lease deadline ms (-1 none), now, then per reaped job: id, old nonce}
+-- Returns: {reaped, next lease deadline ms (-1 none), now, then per reaped job: id, old nonce,
+-- 1 when it was dead-lettered (its final attempt) else 0}
 -- Conditional on the deadline, so any number of replicas may run it.
 local k_index, k_ready, k_leased, k_dead, k_stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local prefix, limit, channel = ARGV[1], tonumber(ARGV[3]), ARGV[5]
@@ -25,6 +26,7 @@ for _, id in ipairs(ids) do
   if rec then
     table.insert(out, id)
     table.insert(out, rec[R_TOKEN])
+    table.insert(out, rec[R_ATTEMPTS] >= rec[R_MAX] and 1 or 0)
     if rec[R_ATTEMPTS] >= rec[R_MAX] then
       to_dead(prefix, k_dead, k_stats, id, rec, now, 'lease expired on the final attempt')
       emit(prefix, 'dead', id, now, rec, 'lease expired on the final attempt')
@@ -38,6 +40,6 @@ end
 out[1] = #ids
 local head = redis.call('ZRANGE', k_leased, 0, 0, 'WITHSCORES')
 if head[2] then out[2] = tonumber(head[2]) end
-if pushed > 0 and was_empty then redis.call('PUBLISH', channel, prefix .. ' ready ' .. pushed) end
-if #ids > 0 then redis.call('PUBLISH', channel, prefix .. ' due 0') end
+if pushed > 0 and was_empty then redis.call('SPUBLISH', channel, prefix .. ' ready ' .. pushed) end
+if #ids > 0 then redis.call('SPUBLISH', channel, prefix .. ' due 0') end
 return out, #ids > 0

@@ -4,7 +4,7 @@
 -- KEYS[2] leased  ZSET  job id -> lease deadline ms
 -- KEYS[3] dead    ZSET  job id -> time of death ms
 -- KEYS[4] stats   HASH  counters
--- ARGV[1] prefix, ARGV[2] now ms ('' = Redis TIME), ARGV[3] events channel,
+-- ARGV[1] prefix, ARGV[2] now ms ('' = Redis TIME), ARGV[3] shard channel (SPUBLISH),
 -- ARGV[4] n (<= 1000), then n triples: job id, nonce, counted (1 = the delivery may
 -- have run: a closed stream's sent delivery; 0 = never started: claimed but never
 -- sent, or given back with Release, so its attempt is not counted),
@@ -48,5 +48,5 @@ for i = 0, n - 1 do
     end
   end
 end
-if released > 0 and was_empty then redis.call('PUBLISH', channel, prefix .. ' ready ' .. released) end
+if released > 0 and was_empty then redis.call('SPUBLISH', channel, prefix .. ' ready ' .. released) end
 return out, changed  -- no lease matched: nothing to replay (replay.lua)

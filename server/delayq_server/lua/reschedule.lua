@@ -3,7 +3,7 @@
 -- KEYS[1] index ZSET (backlog bucket starts, includes/record.lua), KEYS[2] ready LIST, KEYS[3] leased ZSET, KEYS[4] stats HASH
 -- ARGV[1] prefix, ARGV[2] now ms ('' = Redis TIME), ARGV[3] unused (was the bucket width),
 -- ARGV[4] job id, ARGV[5] delay ms (-1 when a due time is given), ARGV[6] due ms (-1),
--- ARGV[7] force '1' | '0', ARGV[8] events channel
+-- ARGV[7] force '1' | '0', ARGV[8] shard channel (SPUBLISH)
 -- Returns: {code, state before, new due ms, nonce of a lease taken back or ''}
 --   code 0 done, -1 no such job, -3 leased (no force), -4 dead or completed,
 --   -5 the new due time is at or past the job's expiry
@@ -44,7 +44,7 @@ if due <= now then
   save(prefix, id, rec)
   local was_empty = redis.call('LLEN', k_ready) == 0
   redis.call('LPUSH', k_ready, id)
-  if was_empty then redis.call('PUBLISH', channel, prefix .. ' ready 1') end
+  if was_empty then redis.call('SPUBLISH', channel, prefix .. ' ready 1') end
 else
   rec[R_STATE] = S_SCHEDULED
   local head_due = backlog_head(prefix, k_index)
@@ -52,7 +52,7 @@ else
   backlog_add(prefix, k_index, id, due)
   redis.call('HINCRBY', k_stats, 'backlog', 1)
   if not head_due or due < head_due then
-    redis.call('PUBLISH', channel, prefix .. ' due ' .. string.format('%d', due))
+    redis.call('SPUBLISH', channel, prefix .. ' due ' .. string.format('%d', due))
   end
 end
 return {0, st, due, nonce}

@@ -10,9 +10,9 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
-from delayq_server import config, events, redis_client
+from delayq_server import config, events, redis_client, resync
 from delayq_server.dispatcher import Dispatcher
 from delayq_server.push import config as push_config
 from delayq_server.push.pusher import Pusher
@@ -75,14 +75,14 @@ async def run(cfg: config.Config, targets: push_config.PushConfig, redis_url: st
 
     hub.listen(QUEUE_EVENT, on_queue_event)
 
-    def resync() -> None:
-        store.queues.forget_all()  # "changed" events may have been lost
-        timers.wake_all()
-        dispatcher.wake_all()
-
     listener = events.PubSubListener(
-        redis, hub, server_id, dispatcher.on_message, on_subscribed=resync
+        redis,
+        hub,
+        server_id,
+        dispatcher.on_message,
+        on_subscribed=resync.on_resubscribed(store, timers, dispatcher),
     )
+    timers.on_known = listener.want
     try:
         await redis.ping()
         await store.load_scripts()
@@ -91,6 +91,10 @@ async def run(cfg: config.Config, targets: push_config.PushConfig, redis_url: st
         config.fail(str(exc))
     except RedisError as exc:
         config.fail(f"cannot use Redis: {exc}")
+    try:  # wake-ups need sharded pub/sub (Redis 7.0), as the server's do
+        await store.notify_server(server_id, "hello")
+    except ResponseError as exc:
+        config.fail(f"Redis refused SPUBLISH ({exc}): delayq needs Redis 7.0 or later")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -36,7 +36,7 @@ class ServicerBase:
         self._store = store
         self._dispatcher = dispatcher
         self._timers = timers
-        self._tel = telemetry or Telemetry(False)
+        self._tel = telemetry or Telemetry()
         self._rr = 0
 
     async def _shards(self, namespace: str, queue: str, *, create: bool) -> int:

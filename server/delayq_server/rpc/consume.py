@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
+import time
 from typing import Any
 
 from delayq.v1 import job_pb2, service_pb2
-from delayq_server import convert, errors, framing, ids, validation
+from delayq_server import convert, errors, framing, ids, logs, validation
 from delayq_server.rpc.base import Ctx, ServicerBase
 from delayq_server.store import (
     ShardKeys,
 )
+
+log = logging.getLogger(__name__)
 
 
 class ConsumeRpcs(ServicerBase):
@@ -19,15 +23,16 @@ class ConsumeRpcs(ServicerBase):
     @errors.streaming
     async def Consume(self, request: service_pb2.ConsumeRequest, context: Ctx) -> Any:
         inp = validation.consume(request, self._cfg)
+        peer = context.peer()
         if self._quotas is None:
-            async for item in self._consume(inp):
+            async for item in self._consume(inp, peer):
                 yield item
             return
         async with self._quotas.stream(inp.namespace):
-            async for item in self._consume(inp):
+            async for item in self._consume(inp, peer):
                 yield item
 
-    async def _consume(self, inp: validation.ConsumeInput) -> Any:
+    async def _consume(self, inp: validation.ConsumeInput, peer: str) -> Any:
         shards_by_queue = []
         leases = []
         for q in inp.queues:
@@ -47,8 +52,15 @@ class ConsumeRpcs(ServicerBase):
             shards_by_queue, inp.max_outstanding, inp.lease_ms, inp.max_batch, inp.release_grace_ms
         )
         cap = self._cfg.max_response_bytes
+        opened = time.monotonic()
+        delivered = 0
+        logs.event(
+            log, "stream_opened", "consume stream opened", peer=peer, namespace=inp.namespace,
+            queues=",".join(inp.queues), stream=stream.seq, max_outstanding=inp.max_outstanding,
+        )  # fmt: skip
         try:
             async for batch in stream.deliveries():
+                claimed_at = time.monotonic()
                 deliveries = [
                     job_pb2.Delivery(
                         job=convert.job(keys, c.job_id, c.record, c.record.last_delivery_ms),
@@ -59,7 +71,8 @@ class ConsumeRpcs(ServicerBase):
                     for keys, c in batch
                 ]
                 if self._tel.enabled:
-                    self._tel.on_delivered(batch)
+                    self._tel.on_delivered(batch, time.monotonic() - claimed_at)
+                delivered += len(batch)
                 # A default client refuses messages over 4 MiB: cap each by bytes.
                 sizes = [framing.bound(c.record) for _, c in batch]
                 for start, end in framing.split(sizes, cap):
@@ -67,3 +80,9 @@ class ConsumeRpcs(ServicerBase):
                     yield service_pb2.ConsumeResponse(deliveries=deliveries[start:end])
         finally:
             self._dispatcher.close(stream)
+            logs.event(
+                log, "stream_closed", "consume stream closed", peer=peer,
+                namespace=inp.namespace, queues=",".join(inp.queues), stream=stream.seq,
+                delivered=delivered, unanswered=len(stream.outstanding),
+                open_s=round(time.monotonic() - opened, 3),
+            )  # fmt: skip

@@ -129,9 +129,8 @@ class EnqueueRpcs(ServicerBase):
                 return
             for (index, _), r in zip(items, results, strict=True):
                 out[index] = r
-            self._tel.enqueued.add(
-                sum(1 for r in results if not r.duplicate), {"delayq.queue": keys.queue}
-            )
+            if self._tel.metering:
+                self._tel.on_enqueued(keys, sum(1 for r in results if not r.duplicate))
             ttls = [s.ttl_ms for _, s in items if s.ttl_ms]
             if ttls:
                 self._timers.expect_expiry(keys, min(ttls))

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import defaultdict
 
 from delayq.v1 import service_pb2
-from delayq_server import convert, errors, validation
+from delayq_server import convert, errors, logs, validation
 from delayq_server.rpc.base import Ctx, ServicerBase
 from delayq_server.store import (
     AckOutcome,
+    JobState,
     ShardKeys,
     StaleLease,
     UnknownJob,
@@ -22,7 +24,7 @@ _ACK_RESULT = {
 }
 
 
-_ACK_NAME = {AckOutcome.ACKED: "acked", AckOutcome.STALE: "stale", AckOutcome.UNKNOWN: "unknown"}
+log = logging.getLogger(__name__)
 
 
 class LeaseRpcs(ServicerBase):
@@ -50,8 +52,13 @@ class LeaseRpcs(ServicerBase):
         await self._dispatcher.answered(
             [t for t, c in zip(tokens, codes, strict=True) if c != AckOutcome.ACKED]
         )
-        if self._tel.enabled:
-            self._tel.on_acked([_ACK_NAME[c] for c in codes])
+        if self._tel.metering:
+            acked = [
+                (t.keys, t.job_id)
+                for t, c in zip(tokens, codes, strict=True)
+                if c == AckOutcome.ACKED
+            ]
+            self._tel.on_acked(acked)
         return service_pb2.AckResponse(results=[_ACK_RESULT[c] for c in codes])
 
     @errors.unary
@@ -72,6 +79,15 @@ class LeaseRpcs(ServicerBase):
             await self._dispatcher.answered([token])  # a late answer: see Ack
             raise
         await self._dispatcher.credit([token])
+        dead = outcome.state == JobState.DEAD
+        if self._tel.metering:
+            self._tel.on_nacked(token.keys, dead)
+        if dead:
+            logs.event(
+                log, "dead_lettered", "job dead-lettered", namespace=token.keys.namespace,
+                queue=token.keys.queue, job_id=token.job_id,
+                reason=request.reason or ("nack" if request.dead_letter else "attempts exhausted"),
+            )  # fmt: skip
         resp = service_pb2.NackResponse(state=int(outcome.state))  # type: ignore[arg-type]
         if outcome.due_ms:
             resp.due_time.CopyFrom(convert.ts(outcome.due_ms))

@@ -9,6 +9,7 @@ from delayq_server import convert, errors, validation
 from delayq_server.errors import InvalidArgument
 from delayq_server.rpc.base import Ctx, ServicerBase
 from delayq_server.store import (
+    BacklogDue,
     ShardKeys,
 )
 
@@ -27,8 +28,10 @@ class QueueRpcs(ServicerBase):
         oldest: int | None = None
         next_due: int | None = None
         now = 0
+        due = BacklogDue()
         for s in range(shards):
             st = await self._store.shard_stats(ShardKeys(ns, queue, s))
+            due += await self._store.backlog_due(ShardKeys(ns, queue, s))
             now = st.now_ms
             stats.scheduled += st.scheduled
             stats.ready += st.ready
@@ -48,6 +51,10 @@ class QueueRpcs(ServicerBase):
             stats.oldest_ready_age.CopyFrom(convert.dur(max(0, now - oldest)))
         if next_due is not None:
             stats.next_due_time.CopyFrom(convert.ts(next_due))
+        stats.backlog_due.within_minute = due.within_minute
+        stats.backlog_due.within_hour = due.within_hour
+        stats.backlog_due.within_day = due.within_day
+        stats.backlog_due.later = due.later
         return service_pb2.GetQueueStatsResponse(stats=stats)
 
     @errors.unary

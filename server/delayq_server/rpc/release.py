@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Any
 
 import grpc
@@ -41,7 +41,9 @@ class ReleaseRpcs(ServicerBase):
         await asyncio.gather(*(run(k, v) for k, v in by_shard.items()))
         # The stream gets the credit back after a cooldown (a closed one in its
         # grace stops holding the leases at once).
-        await self._dispatcher.given_back(
-            [t for t, c in zip(tokens, codes, strict=True) if c == ReleaseOutcome.RELEASED]
-        )
+        released = [t for t, c in zip(tokens, codes, strict=True) if c == ReleaseOutcome.RELEASED]
+        await self._dispatcher.given_back(released)
+        if self._tel.metering:
+            for keys, n in Counter(t.keys for t in released).items():
+                self._tel.on_released(keys, n)
         return service_pb2.ReleaseResponse(results=[_RESULT[c] for c in codes])

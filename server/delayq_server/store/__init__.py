@@ -1,5 +1,6 @@
 """Store layer: the only code that talks to Redis."""
 
+from delayq_server.store.backlog import BacklogDue
 from delayq_server.store.keys import ShardKeys
 from delayq_server.store.records import JobRecord, JobState
 from delayq_server.store.store import (
@@ -18,6 +19,7 @@ from delayq_server.store.store import (
 
 __all__ = [
     "AckOutcome",
+    "BacklogDue",
     "Claimed",
     "EnqueueResult",
     "JobRecord",

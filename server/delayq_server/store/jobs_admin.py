@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from delayq_server.store import records
-from delayq_server.store.keys import EVENTS_CHANNEL, ShardKeys
+from delayq_server.store.keys import ShardKeys
 from delayq_server.store.records import JobRecord, JobState
 from delayq_server.store.store import Store, UnknownJob
 
@@ -106,7 +106,7 @@ class JobAdmin:
                 -1 if delay_ms is None else delay_ms,
                 -1 if due_ms is None else due_ms,
                 "1" if force else "0",
-                EVENTS_CHANNEL,
+                keys.channel,
             ],
         )
         code = int(code)

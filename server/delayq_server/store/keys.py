@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 QUEUES_KEY = "dq:queues"  # SET of "ns/queue" known to any replica
 REPLICAS_KEY = "dq:replicas"  # ZSET server id -> last heartbeat ms (timer ownership)
-EVENTS_CHANNEL = "dq:events"  # pub/sub: "<shard prefix> ready" | "<shard prefix> due <ms>"
 
 
 def queue_meta_key(namespace: str, queue: str) -> str:
@@ -55,8 +54,9 @@ def consume_streams_key(namespace: str) -> str:
 
 
 def server_channel(server_id: str) -> str:
-    """Pub/sub channel of one server replica: credit returned to its streams."""
-    return f"dq:srv:{server_id}"
+    """SHARD CHANNEL of one server replica: credit returned to its streams. Its own
+    hash tag ("{srv:<id>}" cannot meet a shard's, names never contain ":")."""
+    return f"dq:{{srv:{server_id}}}:ch"
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +75,13 @@ class ShardKeys:
     def prefix(self) -> str:
         """Prefix of every key of the shard; scripts derive record and bucket keys from it."""
         return f"dq:{{{self.tag}}}:"
+
+    @property
+    def channel(self) -> str:
+        """SHARD CHANNEL (SPUBLISH/SSUBSCRIBE): the shard's wake-ups, "<prefix> ready <n>",
+        "<prefix> due <ms>", "<prefix> lease <ms>". Under the shard's hash tag, so on a
+        cluster only the node that owns the shard carries them (docs/decisions.md)."""
+        return self.prefix + "ch"
 
     @property
     def index(self) -> str:

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from delayq_server.store.keys import (
-    EVENTS_CHANNEL,
     QUEUES_KEY,
     ShardKeys,
     namespace_queues_key,
@@ -204,7 +203,7 @@ class Queues:
                 self._store._run(
                     "pause",
                     [k.paused, k.ready],
-                    [k.prefix, "1" if paused else "0", EVENTS_CHANNEL],
+                    [k.prefix, "1" if paused else "0", k.channel],
                 )
                 for k in (ShardKeys(namespace, queue, s) for s in range(shards))
             )
@@ -245,6 +244,9 @@ class Queues:
         await self._publish(namespace, queue, "changed")
 
     async def _publish(self, namespace: str, queue: str, what: str) -> None:
-        await self._redis.publish(
-            EVENTS_CHANNEL, f"{queue_event_prefix(namespace, queue)} {QUEUE_EVENT} {what}"
+        """On shard 0's channel: every replica that knows the queue listens there
+        (events.PubSubListener), and the message names the queue, not the shard."""
+        await self._redis.spublish(
+            ShardKeys(namespace, queue, 0).channel,
+            f"{queue_event_prefix(namespace, queue)} {QUEUE_EVENT} {what}",
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
@@ -18,12 +19,13 @@ import msgpack
 from redis.commands.core import AsyncScript
 
 from delayq_server.store import records, scripts
+from delayq_server.store.backlog import BacklogDue, backlog_due
 from delayq_server.store.keys import (
-    EVENTS_CHANNEL,
     QUEUES_KEY,
     REPLICAS_KEY,
     ShardKeys,
     queue_meta_key,
+    server_channel,
 )
 from delayq_server.store.layout import LAYOUT
 from delayq_server.store.queues import Queues
@@ -36,12 +38,24 @@ if TYPE_CHECKING:
 MAX_BATCH = 1000
 PROMOTE_LIMIT = 500
 REAP_LIMIT = 200
-CLAIM_LIMIT = 500
+# A claim costs about 10-15 µs of Redis time per job (record read and rewrite,
+# lease index): 500 per call held Redis 5-20 ms in a burst (bench-scale), 100
+# stays near 1.5 ms. A stream with more credit claims again in its next round.
+CLAIM_LIMIT = 100
+# The same bound for scripts that take a caller's list of leases: an Ack or a
+# Release of 1,000 deliveries is several calls.
+ACK_CHUNK = 200
+RELEASE_CHUNK = 100
 EXPIRE_LIMIT = 200
 # Jobs per enqueue script call: 500 took 7-20 ms of Redis time, 100 stays
 # around 2 ms (issue 11), at a few % of batched enqueue throughput.
 ENQUEUE_CHUNK = 100
 SCRIPTS_IN_FLIGHT = 48  # below the 64 connections per Redis node (redis_client.py)
+
+
+def shard_channel(keys: ShardKeys) -> str:
+    """Where a shard's scripts SPUBLISH its wake-ups (a seam: tests lose events here)."""
+    return keys.channel
 
 
 class UnknownJob(Exception):
@@ -128,6 +142,7 @@ class ReapResult:
     next_deadline_ms: int | None
     now_ms: int
     more: bool
+    dead: frozenset[str] = frozenset()  # job ids dead-lettered (their final attempt)
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,8 +190,12 @@ class Store:
         completed_retention_ms: int = 0,
         default_shards: int = 1,
         events_maxlen: int = 0,
+        observe: Callable[[str, float], None] | None = None,
     ) -> None:
         self.redis = client
+        # Called after every script call with its name and perf_counter start
+        # (telemetry.py: the script latency histogram); None costs nothing.
+        self.observe = observe
         # > 0: every transition is also XADDed to the shard's events stream,
         # trimmed to about this many entries (--record-events, store/lifecycle.py).
         self.events_maxlen = events_maxlen
@@ -216,6 +235,10 @@ class Store:
             return self.completed_retention_ms
         return settings.completed_retention_ms
 
+    def script_shas(self) -> dict[str, str]:
+        """sha1 -> script name, to read SLOWLOG entries (EVALSHA <sha>)."""
+        return {s.sha: name for name, s in self._scripts.items()}
+
     async def load_scripts(self) -> None:
         """Loads every script now, so the first call of each needs no retry."""
         for script in self._scripts.values():
@@ -234,13 +257,19 @@ class Store:
         argv = list(args)
         if name in scripts.RECORDS_EVENTS:
             argv.append(self.events_maxlen)
-        async with self._in_flight:
-            if name not in scripts.REPLAYED:
-                return await self._scripts[name](keys=list(keys), args=argv)
+        if name in scripts.REPLAYED:
             prefix = args[0]
             assert isinstance(prefix, str) and prefix.startswith("dq:{"), prefix
-            request = f"{prefix}rq:{self._rq_prefix}{next(self._rq_seq)}"
-            return await self._scripts[name](keys=[*keys, request], args=argv)
+            keys = [*keys, f"{prefix}rq:{self._rq_prefix}{next(self._rq_seq)}"]
+        async with self._in_flight:
+            if self.observe is None:
+                return await self._scripts[name](keys=list(keys), args=argv)
+            # Timed inside the gate: the script's round trip, not the wait for a slot.
+            started = time.perf_counter()
+            try:
+                return await self._scripts[name](keys=list(keys), args=argv)
+            finally:
+                self.observe(name, started)
 
     # -- queues -----------------------------------------------------------------
 
@@ -302,6 +331,10 @@ class Store:
         sec, usec = await self.redis.time()
         return int(sec) * 1000 + int(usec) // 1000
 
+    async def notify_server(self, server_id: str, message: str) -> None:
+        """Sends ``message`` to one replica's own shard channel (credit for its streams)."""
+        await self.redis.spublish(server_channel(server_id), message)
+
     # -- transitions ------------------------------------------------------------
 
     async def enqueue(
@@ -351,7 +384,7 @@ class Store:
             _now_arg(now_ms),
             await self._width(keys),
             self.idempotency_window_ms,
-            EVENTS_CHANNEL,
+            shard_channel(keys),
             len(jobs),
             packed,
         ]
@@ -370,7 +403,7 @@ class Store:
         moved, next_due, now = await self._run(
             "promote",
             [keys.index, keys.ready, keys.stats],
-            [keys.prefix, _now_arg(now_ms), limit, await self._width(keys), EVENTS_CHANNEL],
+            [keys.prefix, _now_arg(now_ms), limit, await self._width(keys), shard_channel(keys)],
         )
         return PromoteResult(int(moved), None if next_due < 0 else int(next_due), int(now))
 
@@ -405,7 +438,7 @@ class Store:
                 count,
                 lease_ms,
                 nonce_prefix,
-                EVENTS_CHANNEL,
+                shard_channel(keys),
                 os.urandom(8 * count).hex(),
             ],
         )
@@ -423,11 +456,20 @@ class Store:
     ) -> list[int]:
         """Completes leases whose nonce is current; one AckOutcome code per lease."""
         retention = await self.completed_retention(keys)
-        args: list[Any] = [keys.prefix, _now_arg(now_ms), retention, len(leases)]
-        for lease in leases:
-            args += [lease.job_id, lease.nonce]
-        out = await self._run("ack", [keys.leased, keys.stats, keys.expiring, keys.done], args)
-        return [int(x) for x in out]
+        codes: list[int] = []
+        for start in range(0, len(leases), ACK_CHUNK):
+            chunk = leases[start : start + ACK_CHUNK]
+            args: list[Any] = [
+                keys.prefix,
+                _now_arg(now_ms),
+                retention,
+                len(chunk),
+            ]
+            for lease in chunk:
+                args += [lease.job_id, lease.nonce]
+            out = await self._run("ack", [keys.leased, keys.stats, keys.expiring, keys.done], args)
+            codes += [int(x) for x in out]
+        return codes
 
     async def nack(
         self,
@@ -452,7 +494,7 @@ class Store:
                 -1 if delay_ms is None else delay_ms,
                 1 if dead_letter else 0,
                 reason,
-                EVENTS_CHANNEL,
+                shard_channel(keys),
             ],
         )
         self._check(int(code))
@@ -477,11 +519,14 @@ class Store:
         out = await self._run(
             "reap",
             [keys.index, keys.ready, keys.leased, keys.dead, keys.stats],
-            [keys.prefix, _now_arg(now_ms), limit, await self._width(keys), EVENTS_CHANNEL],
+            [keys.prefix, _now_arg(now_ms), limit, await self._width(keys), shard_channel(keys)],
         )
         count, next_deadline, now = int(out[0]), int(out[1]), int(out[2])
-        reaped = [LeaseRef(_s(out[i]), _s(out[i + 1])) for i in range(3, len(out), 2)]
-        return ReapResult(reaped, None if next_deadline < 0 else next_deadline, now, count >= limit)
+        reaped = [LeaseRef(_s(out[i]), _s(out[i + 1])) for i in range(3, len(out), 3)]
+        dead = frozenset(_s(out[i]) for i in range(3, len(out), 3) if int(out[i + 2]) == 1)
+        return ReapResult(
+            reaped, None if next_deadline < 0 else next_deadline, now, count >= limit, dead
+        )
 
     async def release(
         self,
@@ -512,9 +557,9 @@ class Store:
         self, keys: ShardKeys, items: Sequence[tuple[LeaseRef, bool]], now_ms: int | None
     ) -> list[int]:
         codes: list[int] = []
-        for start in range(0, len(items), MAX_BATCH):
-            chunk = items[start : start + MAX_BATCH]
-            args: list[Any] = [keys.prefix, _now_arg(now_ms), EVENTS_CHANNEL, len(chunk)]
+        for start in range(0, len(items), RELEASE_CHUNK):
+            chunk = items[start : start + RELEASE_CHUNK]
+            args: list[Any] = [keys.prefix, _now_arg(now_ms), shard_channel(keys), len(chunk)]
             for lease, counted in chunk:
                 args += [lease.job_id, lease.nonce, 1 if counted else 0]
             out = await self._run("release", [keys.ready, keys.leased, keys.dead, keys.stats], args)
@@ -568,7 +613,7 @@ class Store:
             await self._run(
                 "dead",
                 [keys.dead, keys.ready, keys.stats],
-                [keys.prefix, action, EVENTS_CHANNEL, limit, *job_ids],
+                [keys.prefix, action, shard_channel(keys), limit, *job_ids],
             )
         )
 
@@ -667,6 +712,10 @@ class Store:
             counters=counters,
             now_ms=now_ms,
         )
+
+    async def backlog_due(self, keys: ShardKeys, now_ms: int | None = None) -> BacklogDue:
+        """The shard's backlog by due time (store/backlog.py)."""
+        return await backlog_due(self._run, keys, await self._width(keys), now_ms)
 
     async def dead_page(
         self, keys: ShardKeys, offset: int, count: int

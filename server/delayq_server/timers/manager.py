@@ -67,6 +67,9 @@ class Timers:
         self._janitor = Janitor(store, self._janitor_shards)
         self._refresher: asyncio.Task[None] | None = None
         self._adopting: set[asyncio.Task[None]] = set()
+        # Told the shards of every queue this replica learns of (the pub/sub
+        # listener subscribes to their channels: events.PubSubListener.want).
+        self.on_known: Callable[[list[ShardKeys]], None] = lambda shards: None
         hub.on_unheard = self._unheard
         hub.listen(events.LEASE, self._lease_event)
         self._by_tag: dict[str, ShardKeys] = {}
@@ -90,6 +93,10 @@ class Timers:
             or (k not in self._loops and preferred(k, live) == self.server_id)
         ]
 
+    def queues(self) -> list[tuple[str, str, int]]:
+        """Every queue known here (namespace, queue, shard count)."""
+        return [(ns, q, count) for (ns, q), count in list(self._queues.items())]
+
     def known_shards(self) -> list[ShardKeys]:
         return [
             ShardKeys(ns, q, shard)
@@ -106,8 +113,13 @@ class Timers:
         self._active[name] = time.monotonic()  # the hot path: a dict store and a lookup
         if name in self._queues and ShardKeys(namespace, queue, 0) in self._loops:
             return
-        self._queues[name] = shards
+        self._know(name, shards)
         self._start_queue(namespace, queue, shards)
+
+    def _know(self, name: tuple[str, str], shards: int) -> None:
+        if self._queues.get(name) != shards:
+            self._queues[name] = shards
+            self.on_known([ShardKeys(*name, s) for s in range(shards)])
 
     def _start_queue(self, namespace: str, queue: str, shards: int) -> None:
         new = [
@@ -146,14 +158,13 @@ class Timers:
 
     def _unheard(self, kind: str, tag: str) -> None:
         """A wake-up no loop here listens to: a "due" for a stopped shard restarts it."""
-        if kind != events.DUE:
+        keys = _keys_of(tag) if kind == events.DUE else None
+        if keys is None:
             return
-        ns, _, rest = tag.partition("/")
-        queue, _, shard = rest.rpartition("/")
-        count = self._queues.get((ns, queue))
-        if count is not None and shard.isdigit() and int(shard) < count:
-            self._active[(ns, queue)] = time.monotonic()
-            self._start_queue(ns, queue, count)
+        count = self._queues.get((keys.namespace, keys.queue))
+        if count is not None and keys.shard < count:
+            self._active[(keys.namespace, keys.queue)] = time.monotonic()
+            self._start_queue(keys.namespace, keys.queue, count)
 
     def lease_taken(self, keys: ShardKeys, deadline_ms: int) -> None:
         """A stream on this replica leased jobs of ``keys`` until ``deadline_ms``."""
@@ -185,6 +196,13 @@ class Timers:
     def expect_expiry(self, keys: ShardKeys, in_ms: int) -> None:
         self._janitor.expect(keys, in_ms)
 
+    def recheck(self, tag: str) -> None:
+        """The shard's channel was (re)subscribed: events may have been lost, its
+        running loops look again (a stopped one: the next refresh, REFRESH_S)."""
+        keys = _keys_of(tag)
+        for loop in self._loops.get(keys, ()) if keys else ():
+            loop.wake.set()
+
     def sweep_soon(self, namespace: str, queue: str) -> None:
         """The queue's retention changed: the janitor sweeps its shards at once."""
         for s in range(self._queues.get((namespace, queue), 0)):
@@ -206,7 +224,7 @@ class Timers:
                 continue
             shards = await self._store.shard_count(ns, queue, create=False)
             if shards:
-                self._queues[(ns, queue)] = shards
+                self._know((ns, queue), shards)
                 self._start_queue(ns, queue, shards)
         await self._stop_idle()
         stopped = [k for k in self.known_shards() if k not in self._loops]
@@ -270,3 +288,10 @@ class Timers:
             await self.ownership.give_up()
         self._loops.clear()
         self._queues.clear()
+
+
+def _keys_of(tag: str) -> ShardKeys | None:
+    """'ns/queue/3' -> its ShardKeys (None for anything else)."""
+    ns, _, rest = tag.partition("/")
+    queue, _, shard = rest.rpartition("/")
+    return ShardKeys(ns, queue, int(shard)) if queue and shard.isdigit() else None

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
-from delayq_server import events
+from delayq_server import events, logs
 from delayq_server.store import LeaseRef, ShardKeys, Store
 from delayq_server.timers.base import Loop
+
+log = logging.getLogger(__name__)
 
 
 class Reaper(Loop):
@@ -47,6 +50,7 @@ class Reaper(Loop):
         res = await self._store.reap(self._keys)
         # reap.lua publishes the "ready"/"due" wake-ups for retried jobs.
         if res.reaped:
+            self._log(res.reaped, res.dead)
             self._on_reaped(self._keys, res.reaped)
         self._wake_at_ms = res.next_deadline_ms
         self.idle = res.next_deadline_ms is None and not res.more
@@ -55,3 +59,17 @@ class Reaper(Loop):
         if res.next_deadline_ms is None:
             return None
         return max(0.0, (res.next_deadline_ms - res.now_ms) / 1000)
+
+    def _log(self, reaped: list[LeaseRef], dead: frozenset[str]) -> None:
+        k = self._keys
+        for lease in reaped:
+            logs.event(
+                log, "lease_expired", "lease expired", namespace=k.namespace, queue=k.queue,
+                job_id=lease.job_id,
+            )  # fmt: skip
+            if lease.job_id in dead:
+                logs.event(
+                    log, "dead_lettered", "job dead-lettered", namespace=k.namespace,
+                    queue=k.queue, job_id=lease.job_id,
+                    reason="lease expired on the final attempt",
+                )  # fmt: skip

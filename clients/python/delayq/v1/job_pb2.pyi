@@ -269,6 +269,7 @@ class QueueStats(_message.Message):
     RETRIED_TOTAL_FIELD_NUMBER: _builtins.int
     DEAD_LETTERED_TOTAL_FIELD_NUMBER: _builtins.int
     EXPIRED_TOTAL_FIELD_NUMBER: _builtins.int
+    BACKLOG_DUE_FIELD_NUMBER: _builtins.int
     namespace: _builtins.str
     """Namespace of the queue."""
     queue: _builtins.str
@@ -303,6 +304,12 @@ class QueueStats(_message.Message):
     def next_due_time(self) -> _timestamp_pb2.Timestamp:
         """Earliest due time in the backlog; unset when the backlog is empty."""
 
+    @_builtins.property
+    def backlog_due(self) -> Global___BacklogDue:
+        """When the backlog (`scheduled`) falls due, counted from the server's clock
+        at the time of the call; the four counts add up to `scheduled`.
+        """
+
     def __init__(
         self,
         *,
@@ -321,11 +328,49 @@ class QueueStats(_message.Message):
         retried_total: _builtins.int = ...,
         dead_lettered_total: _builtins.int = ...,
         expired_total: _builtins.int = ...,
+        backlog_due: Global___BacklogDue | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["next_due_time", b"next_due_time", "oldest_ready_age", b"oldest_ready_age"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["backlog_due", b"backlog_due", "next_due_time", b"next_due_time", "oldest_ready_age", b"oldest_ready_age"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_total", b"acked_total", "completed", b"completed", "dead", b"dead", "dead_lettered_total", b"dead_lettered_total", "enqueued_total", b"enqueued_total", "expired_total", b"expired_total", "leased", b"leased", "namespace", b"namespace", "next_due_time", b"next_due_time", "oldest_ready_age", b"oldest_ready_age", "queue", b"queue", "ready", b"ready", "retried_total", b"retried_total", "scheduled", b"scheduled", "shards", b"shards"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_total", b"acked_total", "backlog_due", b"backlog_due", "completed", b"completed", "dead", b"dead", "dead_lettered_total", b"dead_lettered_total", "enqueued_total", b"enqueued_total", "expired_total", b"expired_total", "leased", b"leased", "namespace", b"namespace", "next_due_time", b"next_due_time", "oldest_ready_age", b"oldest_ready_age", "queue", b"queue", "ready", b"ready", "retried_total", b"retried_total", "scheduled", b"scheduled", "shards", b"shards"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___QueueStats: _TypeAlias = QueueStats  # noqa: Y015
+
+@_typing.final
+class BacklogDue(_message.Message):
+    """The backlog by due time: jobs due within the next minute, hour (after the
+    first minute), day (after the first hour), and later. Overdue jobs not yet
+    moved to ready count as due within the minute.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WITHIN_MINUTE_FIELD_NUMBER: _builtins.int
+    WITHIN_HOUR_FIELD_NUMBER: _builtins.int
+    WITHIN_DAY_FIELD_NUMBER: _builtins.int
+    LATER_FIELD_NUMBER: _builtins.int
+    within_minute: _builtins.int
+    """Due in less than 60 s (overdue included)."""
+    within_hour: _builtins.int
+    """Due in 60 s to less than 1 h."""
+    within_day: _builtins.int
+    """Due in 1 h to less than 24 h."""
+    later: _builtins.int
+    """Due in 24 h or more."""
+    def __init__(
+        self,
+        *,
+        within_minute: _builtins.int = ...,
+        within_hour: _builtins.int = ...,
+        within_day: _builtins.int = ...,
+        later: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["later", b"later", "within_day", b"within_day", "within_hour", b"within_hour", "within_minute", b"within_minute"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BacklogDue: _TypeAlias = BacklogDue  # noqa: Y015

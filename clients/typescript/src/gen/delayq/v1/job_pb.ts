@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file delayq/v1/job.proto.
  */
 export const file_delayq_v1_job: GenFile = /*@__PURE__*/
-  fileDesc("ChNkZWxheXEvdjEvam9iLnByb3RvEglkZWxheXEudjEilQEKC1JldHJ5UG9saWN5EjIKD2luaXRpYWxfYmFja29mZhgBIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIuCgttYXhfYmFja29mZhgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhISCgptdWx0aXBsaWVyGAMgASgBEg4KBmppdHRlchgEIAEoASKiBAoDSm9iEgoKAmlkGAEgASgJEhEKCW5hbWVzcGFjZRgCIAEoCRINCgVxdWV1ZRgDIAEoCRIiCgVzdGF0ZRgEIAEoDjITLmRlbGF5cS52MS5Kb2JTdGF0ZRIPCgdwYXlsb2FkGAUgASgMEiwKB2hlYWRlcnMYBiADKAsyGy5kZWxheXEudjEuSm9iLkhlYWRlcnNFbnRyeRIQCghhdHRlbXB0cxgHIAEoDRIUCgxtYXhfYXR0ZW1wdHMYCCABKA0SJQoFcmV0cnkYCSABKAsyFi5kZWxheXEudjEuUmV0cnlQb2xpY3kSLwoLY3JlYXRlX3RpbWUYCiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiwKCGR1ZV90aW1lGAsgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgtleHBpcmVfdGltZRgMIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNgoSbGFzdF9kZWxpdmVyeV90aW1lGA0gASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgtmaW5pc2hfdGltZRgOIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEgoKbGFzdF9lcnJvchgPIAEoCRouCgxIZWFkZXJzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASKBAQoIRGVsaXZlcnkSGwoDam9iGAEgASgLMg4uZGVsYXlxLnYxLkpvYhITCgtsZWFzZV90b2tlbhgCIAEoCRIPCgdhdHRlbXB0GAMgASgNEjIKDmxlYXNlX2RlYWRsaW5lGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCLxAgoKUXVldWVTdGF0cxIRCgluYW1lc3BhY2UYASABKAkSDQoFcXVldWUYAiABKAkSEQoJc2NoZWR1bGVkGAMgASgEEg0KBXJlYWR5GAQgASgEEg4KBmxlYXNlZBgFIAEoBBIMCgRkZWFkGAYgASgEEhEKCWNvbXBsZXRlZBgHIAEoBBIzChBvbGRlc3RfcmVhZHlfYWdlGAggASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEjEKDW5leHRfZHVlX3RpbWUYCSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg4KBnNoYXJkcxgKIAEoDRIWCg5lbnF1ZXVlZF90b3RhbBgLIAEoBBITCgthY2tlZF90b3RhbBgMIAEoBBIVCg1yZXRyaWVkX3RvdGFsGA0gASgEEhsKE2RlYWRfbGV0dGVyZWRfdG90YWwYDiABKAQSFQoNZXhwaXJlZF90b3RhbBgPIAEoBCqWAQoISm9iU3RhdGUSGQoVSk9CX1NUQVRFX1VOU1BFQ0lGSUVEEAASFwoTSk9CX1NUQVRFX1NDSEVEVUxFRBABEhMKD0pPQl9TVEFURV9SRUFEWRACEhQKEEpPQl9TVEFURV9MRUFTRUQQAxISCg5KT0JfU1RBVEVfREVBRBAEEhcKE0pPQl9TVEFURV9DT01QTEVURUQQBUI3WjVnaXRodWIuY29tL2RlbGF5cS9kZWxheXEvY2xpZW50cy9nby9kZWxheXF2MTtkZWxheXF2MWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_timestamp]);
+  fileDesc("ChNkZWxheXEvdjEvam9iLnByb3RvEglkZWxheXEudjEilQEKC1JldHJ5UG9saWN5EjIKD2luaXRpYWxfYmFja29mZhgBIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIuCgttYXhfYmFja29mZhgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhISCgptdWx0aXBsaWVyGAMgASgBEg4KBmppdHRlchgEIAEoASKiBAoDSm9iEgoKAmlkGAEgASgJEhEKCW5hbWVzcGFjZRgCIAEoCRINCgVxdWV1ZRgDIAEoCRIiCgVzdGF0ZRgEIAEoDjITLmRlbGF5cS52MS5Kb2JTdGF0ZRIPCgdwYXlsb2FkGAUgASgMEiwKB2hlYWRlcnMYBiADKAsyGy5kZWxheXEudjEuSm9iLkhlYWRlcnNFbnRyeRIQCghhdHRlbXB0cxgHIAEoDRIUCgxtYXhfYXR0ZW1wdHMYCCABKA0SJQoFcmV0cnkYCSABKAsyFi5kZWxheXEudjEuUmV0cnlQb2xpY3kSLwoLY3JlYXRlX3RpbWUYCiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiwKCGR1ZV90aW1lGAsgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgtleHBpcmVfdGltZRgMIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNgoSbGFzdF9kZWxpdmVyeV90aW1lGA0gASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgtmaW5pc2hfdGltZRgOIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEgoKbGFzdF9lcnJvchgPIAEoCRouCgxIZWFkZXJzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASKBAQoIRGVsaXZlcnkSGwoDam9iGAEgASgLMg4uZGVsYXlxLnYxLkpvYhITCgtsZWFzZV90b2tlbhgCIAEoCRIPCgdhdHRlbXB0GAMgASgNEjIKDmxlYXNlX2RlYWRsaW5lGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCKdAwoKUXVldWVTdGF0cxIRCgluYW1lc3BhY2UYASABKAkSDQoFcXVldWUYAiABKAkSEQoJc2NoZWR1bGVkGAMgASgEEg0KBXJlYWR5GAQgASgEEg4KBmxlYXNlZBgFIAEoBBIMCgRkZWFkGAYgASgEEhEKCWNvbXBsZXRlZBgHIAEoBBIzChBvbGRlc3RfcmVhZHlfYWdlGAggASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEjEKDW5leHRfZHVlX3RpbWUYCSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg4KBnNoYXJkcxgKIAEoDRIWCg5lbnF1ZXVlZF90b3RhbBgLIAEoBBITCgthY2tlZF90b3RhbBgMIAEoBBIVCg1yZXRyaWVkX3RvdGFsGA0gASgEEhsKE2RlYWRfbGV0dGVyZWRfdG90YWwYDiABKAQSFQoNZXhwaXJlZF90b3RhbBgPIAEoBBIqCgtiYWNrbG9nX2R1ZRgQIAEoCzIVLmRlbGF5cS52MS5CYWNrbG9nRHVlIlsKCkJhY2tsb2dEdWUSFQoNd2l0aGluX21pbnV0ZRgBIAEoBBITCgt3aXRoaW5faG91chgCIAEoBBISCgp3aXRoaW5fZGF5GAMgASgEEg0KBWxhdGVyGAQgASgEKpYBCghKb2JTdGF0ZRIZChVKT0JfU1RBVEVfVU5TUEVDSUZJRUQQABIXChNKT0JfU1RBVEVfU0NIRURVTEVEEAESEwoPSk9CX1NUQVRFX1JFQURZEAISFAoQSk9CX1NUQVRFX0xFQVNFRBADEhIKDkpPQl9TVEFURV9ERUFEEAQSFwoTSk9CX1NUQVRFX0NPTVBMRVRFRBAFQjdaNWdpdGh1Yi5jb20vZGVsYXlxL2RlbGF5cS9jbGllbnRzL2dvL2RlbGF5cXYxO2RlbGF5cXYxYgZwcm90bzM", [file_google_protobuf_duration, file_google_protobuf_timestamp]);
 
 /**
  * RetryPolicy is the backoff applied when a delivery is nacked or its lease expires.
@@ -329,6 +329,14 @@ export type QueueStats = Message<"delayq.v1.QueueStats"> & {
    * @generated from field: uint64 expired_total = 15;
    */
   expiredTotal: bigint;
+
+  /**
+   * When the backlog (`scheduled`) falls due, counted from the server's clock
+   * at the time of the call; the four counts add up to `scheduled`.
+   *
+   * @generated from field: delayq.v1.BacklogDue backlog_due = 16;
+   */
+  backlogDue?: BacklogDue | undefined;
 };
 
 /**
@@ -337,6 +345,50 @@ export type QueueStats = Message<"delayq.v1.QueueStats"> & {
  */
 export const QueueStatsSchema: GenMessage<QueueStats> = /*@__PURE__*/
   messageDesc(file_delayq_v1_job, 3);
+
+/**
+ * The backlog by due time: jobs due within the next minute, hour (after the
+ * first minute), day (after the first hour), and later. Overdue jobs not yet
+ * moved to ready count as due within the minute.
+ *
+ * @generated from message delayq.v1.BacklogDue
+ */
+export type BacklogDue = Message<"delayq.v1.BacklogDue"> & {
+  /**
+   * Due in less than 60 s (overdue included).
+   *
+   * @generated from field: uint64 within_minute = 1;
+   */
+  withinMinute: bigint;
+
+  /**
+   * Due in 60 s to less than 1 h.
+   *
+   * @generated from field: uint64 within_hour = 2;
+   */
+  withinHour: bigint;
+
+  /**
+   * Due in 1 h to less than 24 h.
+   *
+   * @generated from field: uint64 within_day = 3;
+   */
+  withinDay: bigint;
+
+  /**
+   * Due in 24 h or more.
+   *
+   * @generated from field: uint64 later = 4;
+   */
+  later: bigint;
+};
+
+/**
+ * Describes the message delayq.v1.BacklogDue.
+ * Use `create(BacklogDueSchema)` to create a new message.
+ */
+export const BacklogDueSchema: GenMessage<BacklogDue> = /*@__PURE__*/
+  messageDesc(file_delayq_v1_job, 4);
 
 /**
  * JobState is where a job is in its lifecycle.
