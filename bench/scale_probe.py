@@ -126,8 +126,10 @@ async def probe(store: Store, keys: ShardKeys, now: int, payload: bytes) -> tupl
         pro_cpu += c2 - c1
         pro_redis += r2 - r1
         await store.redis.delete(keys.ready)
-        for i in range(0, PROBE_JOBS, 100):
-            await store.redis.delete(*(keys.record(j.job_id) for j in jobs[i : i + 100]))
+        async with store.redis.pipeline(transaction=False) as pipe:
+            for j in jobs:  # records live in groups (store/keys.py record_group)
+                pipe.hdel(keys.record_group(j.job_id), j.job_id)
+            await pipe.execute()
     n = PROBES * PROBE_JOBS
     return (
         Cost(statistics.median(enq_wall), enq_cpu * 1e6 / n, enq_redis * 1e6 / n),

@@ -64,6 +64,18 @@ bench-replay: deps
 bench-scale: deps
 	$(PY) -m bench.scale --json .run/bench-scale.json $(BENCH_ARGS)
 
+# Issue 12: Redis bytes per delayed job (1 h and 30 d spreads) and where they go, per
+# key kind (bench/memory_breakdown.py; --redis-args for another Redis config).
+.PHONY: bench-memory
+bench-memory: deps
+	$(PY) -m bench.memory_breakdown $(BENCH_ARGS)
+
+# Issue 12: server CPU s per 1,000 jobs at 1,000 due jobs/s, with the consumer's lateness
+# (bench/timer_cpu.py; BENCH_ARGS="--compare ../other-checkout --rounds 3" for an A/B).
+.PHONY: bench-timers
+bench-timers: bench-deps
+	$(PY) -m bench.timer_cpu $(BENCH_ARGS)
+
 # Issue 14: redrive and purge of 100,000 jobs through AdminService: jobs/s and
 # the slowest Redis command (SLOWLOG) of each (bench/admin.py).
 .PHONY: bench-admin

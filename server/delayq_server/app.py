@@ -38,12 +38,13 @@ from delayq_server.push.pusher import Pusher
 from delayq_server.queue_gauges import QueueGauges
 from delayq_server.quotas import Limits, Quotas
 from delayq_server.service import DelayQueueService
-from delayq_server.store import LeaseRef, ShardKeys, Store
+from delayq_server.store import LeaseRef, ShardKeys, Store, layout
 from delayq_server.store.jobs_admin import JobAdmin
 from delayq_server.store.queues import QUEUE_EVENT
 from delayq_server.store.quotas import QuotaStore
 from delayq_server.store.tokens import TokenStore
 from delayq_server.timers.manager import Timers
+from delayq_server.timers.promoter import Waiters
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +161,10 @@ class App:
             self._on_reaped,
             self.server_id,
             fallback_s=cfg.wake_fallback_ms / 1000,
+            waiters=Waiters(self.dispatcher.board.has_idle, self.dispatcher.board.fire),
+            coalesce_s=cfg.timer_coalesce_ms / 1000,
         )
+        self.store.on_backlog_head = self.timers.backlog_seen
         self.listener = events.PubSubListener(
             self.redis,
             self.hub,
@@ -269,6 +273,10 @@ class App:
         try:
             await self.redis.ping()
             await self.store.load_scripts()
+            await layout.check(self.redis)
+            await layout.warn_if_not_compact(self.redis)
+        except layout.LayoutV1Data as exc:
+            raise StartupError(str(exc)) from exc
         except RedisError as exc:
             raise StartupError(f"cannot use Redis at {_safe_url(self.redis_url)}: {exc}") from exc
         try:  # wake-ups need sharded pub/sub (Redis 7.0); an ACL user may lack it too

@@ -35,6 +35,7 @@ class Config:
     bucket_width_ms: int = 1_000
     grace_ms: int = 10_000
     wake_fallback_ms: int = 30_000  # longest idle wait without a wake-up
+    timer_coalesce_ms: int = 2  # due times closer than this share a wake-up (promoter.py)
     log_level: str = "INFO"
     log_format: str = "text"  # or "json": one JSON object per line (logs.py)
     clock_skew_ms: int = 0  # test only: shifts the local wall clock (docs/chaos.md)
@@ -91,6 +92,11 @@ _FLAGS: dict[str, tuple[str, Callable[[str], object] | None, str]] = {
     "bucket_width_ms": ("DELAYQ_BUCKET_WIDTH", None, "backlog time-bucket width"),
     "grace_ms": ("DELAYQ_GRACE", None, "shutdown grace period"),
     "wake_fallback_ms": ("DELAYQ_WAKE_FALLBACK", None, "longest idle wait without a wake-up"),
+    "timer_coalesce_ms": (
+        "DELAYQ_TIMER_COALESCE",
+        None,
+        "due times closer than this share one promoter wake-up",
+    ),
     "log_level": ("DELAYQ_LOG_LEVEL", str, "logging level"),
     "log_format": ("DELAYQ_LOG_FORMAT", str, "log lines as text or json"),
     "auth_bootstrap_token_file": (
@@ -232,6 +238,7 @@ _RANGES: dict[str, tuple[float, float, str]] = {
     "bucket_width_ms": (1, 3_600_000, "1ms to 1h"),
     "grace_ms": (0, 3_600_000, "0 to 1h"),
     "wake_fallback_ms": (100, _DAY_MS, "100ms to 1d"),
+    "timer_coalesce_ms": (0, 1_000, "0 (off) to 1s"),
     "events_maxlen": (1, 1_000_000_000, "1 to 1000000000"),
     "workers": (1, 64, "1 to 64"),
     "clock_skew_ms": (-_DAY_MS, _DAY_MS, "-1d to 1d"),

@@ -90,6 +90,10 @@ class ManagedRedis:
             "--appendfsync", self.appendfsync,
             "--save", "",
             "--maxmemory-policy", "noeviction",
+            # Job records (~150 B with a 100 B payload) stay in compact
+            # listpack-encoded groups of ~100 (docs/decisions.md, "Memory layout v2").
+            "--hash-max-listpack-value", "256",
+            "--hash-max-listpack-entries", "128",
             "--daemonize", "no",
             "--protected-mode", "yes",
             *self.extra,

@@ -18,7 +18,8 @@ from delayq_pipeline.sender import ClientSettings, Item
 
 def stored_jobs(rdb: redis.Redis, queue: str) -> int:
     """Job records of the queue's shard in Redis (the ground truth, not the summary)."""
-    return sum(1 for _ in rdb.scan_iter(match=f"dq:{{default/{queue}/0}}:j:*", count=1000))
+    groups = rdb.scan_iter(match=f"dq:{{default/{queue}/0}}:r:*", count=1000)
+    return sum(int(rdb.hlen(g)) for g in groups)
 
 
 def write_parquet(spark: SparkSession, path: Path, queue: str, n: int, partitions: int = 4) -> str:

@@ -24,7 +24,7 @@ ACL_COMMANDS = (
     "+hget +hmget +hset +hsetnx +hgetall +hincrby +hdel "
     "+sadd +srem +smembers +sismember +scard "
     "+lpush +rpush +rpop +llen +lindex +lrem "
-    "+zadd +zrange +zrem +zcard +zscore +zremrangebyscore "
+    "+zadd +zrange +zrem +zcard +zscore +zremrangebyscore +rename "
     "+multi +exec +discard "
     "+spublish +ssubscribe +sunsubscribe"
 )

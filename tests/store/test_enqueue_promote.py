@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
 
 from delayq_server.store import JobState, Store
+from delayq_server.store.jobs_admin import JobAdmin
 from tests.support.seed import T0, Shard, spec
 
 
 async def test_delayed_job_goes_to_its_bucket_and_index(shard: Shard) -> None:
     job_id = await shard.scheduled(5_500)
     snap = await shard.snapshot()
-    bucket = (T0 + 5_500) // 1000
+    start = T0 + 5_500  # the first bucket starts at the first due time
     assert snap["ready"] == []
-    assert snap["index"] == [(str(bucket).encode(), float(T0 + 5_500))]
-    assert snap["buckets"] == {shard.keys.bucket(bucket): [(job_id.encode(), float(T0 + 5_500))]}
+    assert snap["index"] == [(str(start).encode(), float(start))]
+    assert snap["buckets"] == {shard.keys.bucket(start): [(job_id.encode(), float(start))]}
     assert await shard.state(job_id) == JobState.SCHEDULED
 
 
@@ -38,12 +40,72 @@ async def test_absolute_due_time_is_kept(store: Store, shard: Shard) -> None:
     assert r.due_ms == T0 + 1234
 
 
-async def test_index_holds_the_earliest_due_of_each_bucket(shard: Shard) -> None:
+async def test_an_earlier_job_moves_the_first_bucket_start_down(shard: Shard) -> None:
     await shard.scheduled(1_900)
     await shard.scheduled(1_100)
     await shard.scheduled(1_500)
     snap = await shard.snapshot()
-    assert snap["index"] == [(str((T0 + 1_100) // 1000).encode(), float(T0 + 1_100))]
+    assert snap["index"] == [(str(T0 + 1_100).encode(), float(T0 + 1_100))]
+    assert [len(v) for v in snap["buckets"].values()] == [3]
+
+
+async def _bucket_sizes(shard: Shard) -> list[int]:
+    snap = await shard.snapshot()
+    starts = [int(m) for m, _ in snap["index"]]
+    assert all(int(m) == sc for m, sc in snap["index"])
+    sizes = []
+    ends: list[int | None] = [*starts[1:], None]
+    for start, nxt in zip(starts, ends[: len(starts)], strict=True):
+        jobs = snap["buckets"][shard.keys.bucket(start)]
+        # Every job sits in the bucket whose range holds its due time.
+        assert all(start <= due and (nxt is None or due < nxt) for _, due in jobs)
+        sizes.append(len(jobs))
+    assert len(snap["buckets"]) == len(starts)  # no bucket outside the index
+    return sizes
+
+
+async def test_buckets_split_past_100_jobs_and_stay_listpack(store: Store, shard: Shard) -> None:
+    rng = random.Random(3)
+    offsets = [rng.randrange(1_000, 30 * 86_400_000) for _ in range(1_000)]
+    for start in range(0, 1_000, 100):
+        await store.enqueue(
+            shard.keys, [spec(delay_ms=d) for d in offsets[start : start + 100]], T0
+        )
+    sizes = await _bucket_sizes(shard)
+    assert sum(sizes) == 1_000 and max(sizes) <= 100 and len(sizes) <= 25
+    for key in await store.redis.keys(shard.keys.prefix + "bt:*"):
+        assert await store.redis.object("encoding", key) == b"listpack"
+    # Promotion in due order across every bucket, emptying them all.
+    moved = 0
+    while (res := await store.promote(shard.keys, 500, now_ms=T0 + 31 * 86_400_000)).moved:
+        moved += res.moved
+    assert moved == 1_000 and res.next_due_ms is None
+    ready = [x.decode() for x in reversed((await shard.snapshot())["ready"])]
+    dues = [(await store.get(shard.keys, i))[0].due_ms for i in ready]
+    assert dues == sorted(dues)
+    assert await _bucket_sizes(shard) == []
+
+
+async def test_jobs_in_due_order_fill_buckets(store: Store, shard: Shard) -> None:
+    for i in range(250):
+        await shard.scheduled(1_000 + i)
+    assert await _bucket_sizes(shard) == [100, 100, 50]
+
+
+async def test_jobs_due_at_one_instant_share_a_bucket(store: Store, shard: Shard) -> None:
+    await store.enqueue(shard.keys, [spec(delay_ms=5_000) for _ in range(150)], T0)
+    assert await _bucket_sizes(shard) == [150]
+    res = await store.promote(shard.keys, 500, now_ms=T0 + 5_000)
+    assert (res.moved, res.next_due_ms) == (150, None)
+
+
+async def test_delete_and_nack_find_jobs_after_splits(store: Store, shard: Shard) -> None:
+    ids = [await shard.scheduled(1_000 + (i * 7919) % 5_000) for i in range(300)]
+    for job_id in ids[::2]:
+        await store.delete(shard.keys, job_id)
+    sizes = await _bucket_sizes(shard)
+    assert sum(sizes) == 150
+    assert int(await store.redis.hget(shard.keys.stats, "backlog") or 0) == 150
 
 
 @pytest.mark.parametrize(
@@ -158,3 +220,46 @@ async def test_a_full_batch_is_stored_in_bounded_chunks(store: Store, shard: Sha
     assert calls == [ENQUEUE_CHUNK] * (1000 // ENQUEUE_CHUNK)
     assert [r.job_id for r in results] == [j.job_id for j in jobs]
     assert [r.due_ms for r in results] == [T0 + 1000 + i for i in range(1000)]
+
+
+async def test_claim_takes_due_jobs_from_the_backlog_itself(store: Store, shard: Shard) -> None:
+    heads: list[tuple[int | None, int]] = []
+    store.on_backlog_head = lambda keys, due, now: heads.append((due, now))
+    a = await shard.scheduled(1_000)
+    b = await shard.scheduled(1_000)
+    c = await shard.scheduled(3_000)
+    # Not early: one ms before, nothing; the next due time is reported.
+    assert await store.claim(shard.keys, 10, 30_000, "t.1.0.", T0 + 999) == []
+    assert heads[-1] == (T0 + 1_000, T0 + 999)
+    # At the due time the claim promotes and leases in one call, as many as it asks.
+    (first,) = await store.claim(shard.keys, 1, 30_000, "t.1.1.", T0 + 1_000)
+    assert first.job_id in (a, b) and heads[-1] == (T0 + 1_000, T0 + 1_000)
+    rest = await store.claim(shard.keys, 10, 30_000, "t.1.2.", T0 + 5_000)
+    assert {x.job_id for x in rest} == {a, b, c} - {first.job_id}
+    assert heads.pop() == (None, T0 + 5_000)
+    snap = await shard.snapshot()
+    assert snap["ready"] == [] and snap["index"] == [] and snap["buckets"] == {}
+    assert int(await store.redis.hget(shard.keys.stats, "backlog") or 0) == 0
+
+
+async def test_admin_listing_pages_through_split_buckets(store: Store, shard: Shard) -> None:
+    rng = random.Random(5)
+    offsets = [rng.randrange(1_000, 86_400_000) for _ in range(450)]
+    for start in range(0, 450, 150):
+        await store.enqueue(
+            shard.keys, [spec(delay_ms=d) for d in offsets[start : start + 150]], T0
+        )
+    assert len(await _bucket_sizes(shard)) > 4
+    admin = JobAdmin(store)
+    lo, hi = T0 + 3_600_000, T0 + 20 * 3_600_000  # a window cutting through buckets
+    seen: list[str] = []
+    bucket, offset, more = 0, 0, True
+    while more:
+        page = await admin.scheduled_page(shard.keys, lo, hi, bucket, offset, 37)
+        seen += page.ids
+        bucket, offset, more = page.bucket, page.offset, page.more
+    dues = [(await store.get(shard.keys, i))[0].due_ms for i in seen]
+    assert dues == sorted(dues) and len(set(seen)) == len(seen)
+    assert len(seen) == sum(1 for d in offsets if lo <= T0 + d < hi)
+    hist = await admin.backlog_buckets(shard.keys)
+    assert sum(n for _, n in hist) == 450 and [d for d, _ in hist] == sorted(d for d, _ in hist)

@@ -70,6 +70,34 @@ async def test_resent_enqueue_stores_no_duplicate(
     assert await aredis.hget(KEYS.stats, "enqueued") == b"1"
 
 
+async def test_resent_enqueue_answers_what_the_first_run_did(
+    lossy: LossyProxy, lossy_store: Store, store: Store, aredis: aioredis.Redis
+) -> None:
+    """The replay entry keeps "now" and the duplicates only; the answer is rebuilt."""
+    (first,), _ = await store.enqueue(KEYS, [spec(idempotency_key="k", delay_ms=700)], T0)
+    jobs = [
+        spec(delay_ms=0),
+        spec(idempotency_key="k", delay_ms=5),  # a duplicate of `first`
+        spec(delay_ms=2_500),
+        spec(due_at_ms=T0 + 9_000),
+        spec(due_at_ms=T0 - 9_000),  # in the past: due now
+    ]
+    lossy.drop_reply_to(sha(lossy_store, "enqueue"))
+    results, _ = await lossy_store.enqueue(KEYS, jobs, T0 + 10)
+    assert lossy.dropped.is_set()
+    got = [(r.job_id, r.due_ms, r.duplicate) for r in results]
+    assert got == [
+        (jobs[0].job_id, T0 + 10, False),
+        (first.job_id, T0 + 700, True),
+        (jobs[2].job_id, T0 + 2_510, False),
+        (jobs[3].job_id, T0 + 9_000, False),
+        (jobs[4].job_id, T0 + 10, False),
+    ]
+    assert await aredis.hget(KEYS.stats, "enqueued") == b"5"
+    for entry in await aredis.keys(KEYS.prefix + "rq:*"):
+        assert len(cast(bytes, await aredis.get(entry))) < 60  # not the whole reply
+
+
 async def test_resent_ack_answers_acked(lossy: LossyProxy, lossy_store: Store) -> None:
     shard = Shard(lossy_store)
     lease = await shard.leased()

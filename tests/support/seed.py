@@ -90,14 +90,17 @@ class Shard:
         """Every structure of the shard, for before/after comparisons."""
         r: RedisClient = self.store.redis
         k = self.keys
-        bucket_keys = sorted(_text(x) for x in await r.keys(k.prefix + "b:*"))
+        bucket_keys = sorted(_text(x) for x in await r.keys(k.prefix + "bt:*"))
+        records: list[str] = []
+        for group in await r.keys(k.prefix + "r:*"):
+            records += [_text(x) for x in await r.hkeys(group)]
         return {
             "ready": await r.lrange(k.ready, 0, -1),
             "leased": await r.zrange(k.leased, 0, -1, withscores=True),
             "dead": await r.zrange(k.dead, 0, -1),
             "index": await r.zrange(k.index, 0, -1, withscores=True),
             "buckets": {b: await r.zrange(b, 0, -1, withscores=True) for b in bucket_keys},
-            "records": sorted(_text(x) for x in await r.keys(k.prefix + "j:*")),
+            "records": sorted(records),  # job ids with a record
         }
 
 

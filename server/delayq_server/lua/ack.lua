@@ -30,10 +30,10 @@ for i = 0, n - 1 do
     if retention > 0 then
       rec[R_STATE] = S_COMPLETED
       rec[R_FINISH] = now
-      redis.call('SET', prefix .. 'j:' .. id, cmsgpack.pack(rec), 'PX', retention)
+      save(prefix, id, rec)  -- trimmed by expire.lua after the retention
       redis.call('ZADD', k_done, now, id)
     else
-      redis.call('DEL', prefix .. 'j:' .. id)
+      drop(prefix, id)
     end
     acked = acked + 1
     emit(prefix, 'acked', id, now, rec, '')

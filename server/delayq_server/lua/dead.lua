@@ -24,7 +24,7 @@ for _, id in ipairs(ids) do
   if redis.call('ZREM', k_dead, id) == 1 then
     if action == 'purge' then
       if ev_maxlen > 0 then emit(prefix, 'deleted', id, now, load(prefix, id), 'purged') end
-      redis.call('DEL', prefix .. 'j:' .. id)
+      drop(prefix, id)
     else
       local rec = load(prefix, id)
       if rec then

@@ -1,16 +1,16 @@
 -- nack.lua: give a leased job back: retry after a delay, or dead-letter it.
--- KEYS[1] index   ZSET  bucket -> earliest due ms
+-- KEYS[1] index   ZSET  backlog bucket start ms -> the same (includes/record.lua)
 -- KEYS[2] ready   LIST  job ids due now
 -- KEYS[3] leased  ZSET  job id -> lease deadline ms
 -- KEYS[4] dead    ZSET  job id -> time of death ms
 -- KEYS[5] stats   HASH  counters
--- ARGV[1] prefix, ARGV[2] now ms ('' = Redis TIME), ARGV[3] bucket width ms,
+-- ARGV[1] prefix, ARGV[2] now ms ('' = Redis TIME), ARGV[3] unused (was the bucket width),
 -- ARGV[4] job id, ARGV[5] nonce, ARGV[6] delay ms (-1 = the job's retry policy),
 -- ARGV[7] dead letter now (0/1), ARGV[8] reason, ARGV[9] shard channel (SPUBLISH),
 -- ARGV[10] events MAXLEN (0 = off; lua/includes/events.lua)
 -- Returns: {code, state, due ms}; code 1 ok, -1 unknown job, -2 stale token
 local k_index, k_ready, k_leased, k_dead, k_stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local prefix, width, id, nonce = ARGV[1], tonumber(ARGV[3]), ARGV[4], ARGV[5]
+local prefix, id, nonce = ARGV[1], ARGV[4], ARGV[5]
 local delay, force_dead, reason, channel = tonumber(ARGV[6]), ARGV[7] == '1', ARGV[8], ARGV[9]
 -- @include record
 -- @include events
@@ -26,9 +26,9 @@ if force_dead or rec[R_ATTEMPTS] >= rec[R_MAX] then
   return {1, S_DEAD, 0}
 end
 if delay < 0 then delay = backoff_ms(rec, id) end
-local head = redis.call('ZRANGE', k_index, 0, 0, 'WITHSCORES')
+local head_due = backlog_head(prefix, k_index)
 local was_empty = redis.call('LLEN', k_ready) == 0
-local to_ready = to_retry(prefix, k_index, k_ready, k_stats, width, id, rec, now, delay, reason)
+local to_ready = to_retry(prefix, k_index, k_ready, k_stats, id, rec, now, delay, reason)
 emit(prefix, 'nacked', id, now, rec, reason)
 if to_ready == 1 then
   if was_empty then redis.call('SPUBLISH', channel, prefix .. ' ready 1') end
@@ -36,7 +36,7 @@ if to_ready == 1 then
   -- now is a schedule whose due time is now, even though it waits in ready.
   return {1, S_SCHEDULED, now}
 end
-if not head[2] or now + delay < tonumber(head[2]) then
+if not head_due or now + delay < head_due then
   redis.call('SPUBLISH', channel, prefix .. ' due ' .. string.format('%d', now + delay))
 end
 return {1, S_SCHEDULED, now + delay}

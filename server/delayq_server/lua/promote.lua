@@ -1,9 +1,9 @@
 -- promote.lua: move due ids from the backlog to the ready list, oldest first.
--- KEYS[1] index   ZSET  bucket number -> earliest due ms
+-- KEYS[1] index   ZSET  backlog bucket start ms -> the same (includes/record.lua)
 -- KEYS[2] ready   LIST  job ids due now
 -- KEYS[3] stats   HASH  counters ('backlog' is decremented)
 -- ARGV[1] prefix, ARGV[2] now ms ('' = Redis TIME), ARGV[3] limit (ids per call),
--- ARGV[4] bucket width ms (unused; buckets are named in the index), ARGV[5] shard channel (SPUBLISH)
+-- ARGV[4] unused (was the bucket width), ARGV[5] shard channel (SPUBLISH)
 -- Returns: {moved, next due ms (-1 when the backlog is empty), now}
 -- Bounded: at most `limit` ids and 64 buckets per call, so a million jobs due
 -- at once never blocks Redis; the caller calls again while moved == limit.
@@ -15,31 +15,11 @@ local k_index, k_ready, k_stats = KEYS[1], KEYS[2], KEYS[3]
 local prefix, limit = ARGV[1], tonumber(ARGV[3])
 -- @include record
 local now = now_ms(ARGV[2])
-local moved = 0
 local was_empty = redis.call('LLEN', k_ready) == 0
-for _ = 1, 64 do
-  if moved >= limit then break end
-  local head = redis.call('ZRANGE', k_index, 0, 0, 'WITHSCORES')
-  if not head[1] or tonumber(head[2]) > now then break end
-  local bkey = prefix .. 'b:' .. head[1]
-  local ids = redis.call('ZRANGE', bkey, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit - moved)
-  if #ids > 0 then
-    redis.call('LPUSH', k_ready, unpack(ids))
-    redis.call('ZREM', bkey, unpack(ids))
-    moved = moved + #ids
-  end
-  local first = redis.call('ZRANGE', bkey, 0, 0, 'WITHSCORES')
-  if first[1] then
-    redis.call('ZADD', k_index, 'XX', first[2], head[1])
-  else
-    redis.call('ZREM', k_index, head[1])
-  end
-end
+local moved = promote_due(prefix, k_index, k_ready, now, limit)
 if moved > 0 then
   redis.call('HINCRBY', k_stats, 'backlog', -moved)
   if was_empty then redis.call('SPUBLISH', ARGV[5], prefix .. ' ready ' .. moved) end
 end
-local head = redis.call('ZRANGE', k_index, 0, 0, 'WITHSCORES')
-local next_due = -1
-if head[2] then next_due = tonumber(head[2]) end
+local next_due = backlog_head(prefix, k_index) or -1
 return {moved, next_due, now}

@@ -1,11 +1,11 @@
 -- purge.lua: delete up to `limit` jobs of one state of a shard (issue 14).
--- KEYS[1] index ZSET, KEYS[2] ready LIST, KEYS[3] leased ZSET, KEYS[4] dead ZSET,
+-- KEYS[1] index ZSET (backlog bucket starts, includes/record.lua), KEYS[2] ready LIST, KEYS[3] leased ZSET, KEYS[4] dead ZSET,
 -- KEYS[5] done ZSET, KEYS[6] exp ZSET, KEYS[7] stats HASH
 -- ARGV[1] prefix, ARGV[2] state (1 scheduled .. 5 completed), ARGV[3] limit (<= 200),
 -- ARGV[4] events MAXLEN (0 = off; lua/includes/events.lua)
 -- Returns: {purged, jobs left in that state}
 -- Bounded: at most `limit` ids and 64 buckets per call (~0.5 ms for 200 jobs:
--- one ZREM/RPOP, one DEL and one ZREM over the batch); the caller loops.
+-- one ZREM/RPOP, an HDEL per job and one ZREM over the batch); the caller loops.
 -- Oldest first: the head of the backlog, the tail of the ready list, the
 -- earliest lease deadline, the oldest death or completion. A purged lease is
 -- gone: its holder's Ack answers UNKNOWN.
@@ -20,18 +20,14 @@ if state == S_SCHEDULED then
     if #ids >= limit then break end
     local head = redis.call('ZRANGE', k_index, 0, 0)
     if not head[1] then break end
-    local bkey = prefix .. 'b:' .. head[1]
+    local bkey = bucket_key(prefix, head[1])
     local got = redis.call('ZRANGE', bkey, 0, limit - #ids - 1)
     if #got > 0 then
       redis.call('ZREM', bkey, unpack(got))
       for _, id in ipairs(got) do ids[#ids + 1] = id end
     end
-    local first = redis.call('ZRANGE', bkey, 0, 0, 'WITHSCORES')
-    if first[1] then
-      redis.call('ZADD', k_index, 'XX', first[2], head[1])
-    else
-      redis.call('ZREM', k_index, head[1])
-    end
+    if redis.call('EXISTS', bkey) == 1 then break end
+    redis.call('ZREM', k_index, head[1])
   end
   if #ids > 0 then redis.call('HINCRBY', k_stats, 'backlog', -#ids) end
 elseif state == S_READY then
@@ -42,14 +38,12 @@ else
   if #ids > 0 then redis.call('ZREM', set, unpack(ids)) end
 end
 if #ids > 0 then
-  local rkeys = {}
   local now = 0
   if ev_maxlen > 0 then now = now_ms('') end
-  for i, id in ipairs(ids) do
+  for _, id in ipairs(ids) do
     if ev_maxlen > 0 then emit(prefix, 'deleted', id, now, load(prefix, id), 'purged') end
-    rkeys[i] = prefix .. 'j:' .. id
+    drop(prefix, id)
   end
-  redis.call('DEL', unpack(rkeys))
   redis.call('ZREM', k_exp, unpack(ids))
 end
 local left

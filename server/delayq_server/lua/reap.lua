@@ -1,18 +1,18 @@
 -- reap.lua: return jobs whose lease ran out to the backlog (with backoff) or
 -- to the dead set when their attempts are exhausted.
--- KEYS[1] index   ZSET  bucket -> earliest due ms
+-- KEYS[1] index   ZSET  backlog bucket start ms -> the same (includes/record.lua)
 -- KEYS[2] ready   LIST  job ids due now
 -- KEYS[3] leased  ZSET  job id -> lease deadline ms
 -- KEYS[4] dead    ZSET  job id -> time of death ms
 -- KEYS[5] stats   HASH  counters
 -- ARGV[1] prefix, ARGV[2] now ms ('' = Redis TIME), ARGV[3] limit (<= 500),
--- ARGV[4] bucket width ms, ARGV[5] shard channel (SPUBLISH),
+-- ARGV[4] unused (was the bucket width), ARGV[5] shard channel (SPUBLISH),
 -- ARGV[6] events MAXLEN (0 = off; lua/includes/events.lua)
 -- Returns: {reaped, next lease deadline ms (-1 none), now, then per reaped job: id, old nonce,
 -- 1 when it was dead-lettered (its final attempt) else 0}
 -- Conditional on the deadline, so any number of replicas may run it.
 local k_index, k_ready, k_leased, k_dead, k_stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local prefix, limit, width, channel = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
+local prefix, limit, channel = ARGV[1], tonumber(ARGV[3]), ARGV[5]
 -- @include record
 -- @include events
 local now = now_ms(ARGV[2])
@@ -31,7 +31,7 @@ for _, id in ipairs(ids) do
       to_dead(prefix, k_dead, k_stats, id, rec, now, 'lease expired on the final attempt')
       emit(prefix, 'dead', id, now, rec, 'lease expired on the final attempt')
     else
-      pushed = pushed + to_retry(prefix, k_index, k_ready, k_stats, width, id, rec, now,
+      pushed = pushed + to_retry(prefix, k_index, k_ready, k_stats, id, rec, now,
         backoff_ms(rec, id), 'lease expired')
       emit(prefix, 'nacked', id, now, rec, 'lease expired')
     end

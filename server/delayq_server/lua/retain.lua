@@ -7,7 +7,7 @@
 -- while `more` is set. Not replayed: a re-run deletes only what is still over.
 local k_dead, k_exp = KEYS[1], KEYS[2]
 local prefix, max_age, max_count, limit = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
--- @include clock
+-- @include record
 local now = now_ms(ARGV[2])
 local ids = {}
 if max_count > 0 then
@@ -26,10 +26,8 @@ local function next_in()
   return math.max(0, tonumber(head[2]) + max_age - now)
 end
 if #ids == 0 then return {0, 0, next_in()} end
-local rkeys = {}
-for i, id in ipairs(ids) do rkeys[i] = prefix .. 'j:' .. id end
 redis.call('ZREM', k_dead, unpack(ids))
-redis.call('DEL', unpack(rkeys))
+for _, id in ipairs(ids) do drop(prefix, id) end
 redis.call('ZREM', k_exp, unpack(ids))
 local more = 0
 if #ids >= limit then more = 1 end

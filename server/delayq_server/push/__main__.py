@@ -16,9 +16,10 @@ from delayq_server import config, events, redis_client, resync
 from delayq_server.dispatcher import Dispatcher
 from delayq_server.push import config as push_config
 from delayq_server.push.pusher import Pusher
-from delayq_server.store import Store
+from delayq_server.store import Store, layout
 from delayq_server.store.queues import QUEUE_EVENT
 from delayq_server.timers.manager import Timers
+from delayq_server.timers.promoter import Waiters
 
 log = logging.getLogger("delayq.pusher")
 
@@ -48,8 +49,15 @@ async def run(cfg: config.Config, targets: push_config.PushConfig | None, redis_
         idle_fallback_s=cfg.wake_fallback_ms / 1000,
     )
     timers = Timers(
-        store, hub, dispatcher.on_reaped, server_id, fallback_s=cfg.wake_fallback_ms / 1000
+        store,
+        hub,
+        dispatcher.on_reaped,
+        server_id,
+        fallback_s=cfg.wake_fallback_ms / 1000,
+        waiters=Waiters(dispatcher.board.has_idle, dispatcher.board.fire),
+        coalesce_s=cfg.timer_coalesce_ms / 1000,
     )
+    store.on_backlog_head = timers.backlog_seen  # as App: claims promote (promoter.py)
 
     background: set[asyncio.Task[None]] = set()
 
@@ -80,6 +88,9 @@ async def run(cfg: config.Config, targets: push_config.PushConfig | None, redis_
     try:
         await redis.ping()
         await store.load_scripts()
+        await layout.check(redis)
+    except layout.LayoutV1Data as exc:
+        config.fail(str(exc))
     except RedisError as exc:
         config.fail(f"cannot use Redis: {exc}")
     try:  # wake-ups need sharded pub/sub (Redis 7.0), as the server's do

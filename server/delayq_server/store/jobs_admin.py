@@ -130,13 +130,14 @@ class JobAdmin:
     ) -> None:
         code, state = await self._store._run(
             "update_job",
-            [keys.record(job_id)],
+            [keys.record_group(job_id)],
             [
                 keys.prefix,
                 "0" if payload is None else "1",
                 payload or b"",
                 "0" if headers is None else "1",
                 records.pack_headers(headers or {}),
+                job_id,
             ],
         )
         if int(code) == -1:
@@ -170,17 +171,18 @@ class JobAdmin:
     ) -> Page:
         """Backlog ids due in [lo_ms, hi_ms), by due time, from ``bucket`` on.
 
-        Buckets are numbered by due // width, so walking the index by score
-        walks them in due order; at most 64 buckets are read per call.
+        ``bucket`` is a bucket start ms (layout v2: the index scores bucket
+        starts, a bucket holds the due times up to the next start), so walking
+        the index by score walks them in due order; at most 64 buckets per call.
         """
-        width = await self._store._width(keys)
-        start = max(lo_ms // width, bucket)
-        heads = await self._redis.zrangebyscore(keys.index, start * width, hi_ms - 1, 0, 64)
+        holder = await self._redis.zrange(
+            keys.index, lo_ms, "-inf", desc=True, byscore=True, offset=0, num=1
+        )
+        start = max(int(_s(holder[0])) if holder else lo_ms, bucket)
+        heads = await self._redis.zrangebyscore(keys.index, start, hi_ms - 1, 0, 64)
         ids: list[str] = []
         for raw in heads:
             b = int(_s(raw))
-            if b < start:
-                continue
             skip = offset if b == bucket else 0
             want = count - len(ids)
             got = [
@@ -214,20 +216,28 @@ class JobAdmin:
         """(earliest due ms, job count) of the first ``most`` backlog buckets:
         one index read and one pipelined ZCARD per bucket (the dashboard's
         due-time histogram; later buckets are counted by the caller as the rest)."""
-        heads = await self._redis.zrange(keys.index, 0, most - 1, withscores=True)
+        heads = await self._redis.zrange(keys.index, 0, most - 1)
         if not heads:
             return []
         async with self._redis.pipeline(transaction=False) as pipe:
-            for b, _ in heads:
-                pipe.zcard(keys.bucket(int(_s(b))))
-            counts = await pipe.execute()
-        return [(int(score), int(n)) for (_, score), n in zip(heads, counts, strict=True)]
+            for b in heads:
+                pipe.zrange(keys.bucket(_s(b)), 0, 0, withscores=True)
+                pipe.zcard(keys.bucket(_s(b)))
+            got = await pipe.execute()
+        return [
+            (int(first[0][1]), int(n))
+            for first, n in zip(got[::2], got[1::2], strict=True)
+            if first  # emptied since the index read
+        ]
 
     async def records(self, keys: ShardKeys, ids: list[str]) -> list[tuple[str, JobRecord]]:
-        """The records of ``ids`` that still exist, in order (one MGET)."""
+        """The records of ``ids`` that still exist, in order (one pipeline)."""
         if not ids:
             return []
-        raws = await self._redis.mget([keys.record(i) for i in ids])
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for i in ids:
+                pipe.hget(keys.record_group(i), i)
+            raws = await pipe.execute()
         return [
             (i, records.decode(cast(bytes, r)))
             for i, r in zip(ids, raws, strict=True)

@@ -89,12 +89,21 @@ class ShardKeys:
 
     @property
     def index(self) -> str:
-        """ZSET: bucket number -> earliest due ms in that bucket."""
-        return self.prefix + "bi"
+        """ZSET: backlog bucket start ms (member, as text) -> the same (score).
 
-    def bucket(self, number: int) -> str:
-        """ZSET: job id -> due ms, for jobs due in [number*width, (number+1)*width)."""
-        return f"{self.prefix}b:{number}"
+        Layout v2 (lua/includes/record.lua): a bucket holds the jobs due from its
+        start up to the next bucket's start, and splits past 100 jobs.
+        """
+        return self.prefix + "bl"
+
+    def bucket(self, start: int | str) -> str:
+        """ZSET: job id -> due ms, for jobs due from ``start`` to the next bucket's start."""
+        return f"{self.prefix}bt:{start}"
+
+    @property
+    def v1_index(self) -> str:
+        """ZSET of layout v1 (bucket number -> earliest due); only checked for (store.layout)."""
+        return self.prefix + "bi"
 
     @property
     def ready(self) -> str:
@@ -141,9 +150,10 @@ class ShardKeys:
         """STREAM: lifecycle events of the shard, MAXLEN-bounded (store/lifecycle.py)."""
         return self.prefix + "ev"
 
-    def record(self, job_id: str) -> str:
-        """STRING: the packed job record (see records.py)."""
-        return f"{self.prefix}j:{job_id}"
+    def record_group(self, job_id: str) -> str:
+        """HASH: job id -> packed record (records.py) for the ids sharing two
+        characters of their random part: 1,024 groups per shard (record.lua)."""
+        return f"{self.prefix}r:{job_id[10:12]}"
 
     def idempotency(self, key: str) -> str:
         """STRING: idempotency key -> job id, expiring with the window."""

@@ -21,6 +21,7 @@ from delayq_server.store.keys import (
     queue_event_prefix,
     queue_meta_key,
 )
+from delayq_server.store.layout import LAYOUT
 
 if TYPE_CHECKING:
     from delayq_server.store.store import Store
@@ -174,7 +175,12 @@ class Queues:
         # queue with the defaults and this call cannot both win.
         if not await self._redis.hsetnx(meta, "shards", settings.shards):
             return False
-        fields = {**settings.fields(), "bucket_width": str(bucket_width_ms), F_CREATED: str(now)}
+        fields = {
+            **settings.fields(),
+            "bucket_width": str(bucket_width_ms),
+            "layout": str(LAYOUT),  # store/layout.py
+            F_CREATED: str(now),
+        }
         async with self._redis.pipeline(transaction=False) as pipe:
             pipe.hset(meta, mapping=fields)
             pipe.sadd(QUEUES_KEY, f"{namespace}/{queue}")

@@ -45,8 +45,9 @@ RECORDS_EVENTS = frozenset(
 REPLAY_TTL_MS = 30_000
 
 # Scripts that handle replays themselves (claim stores ids and nonces only, not
-# the records it delivers). Every other replayed script is wrapped by _GUARD.
-SELF_GUARDED = frozenset({"claim"})
+# the records it delivers; enqueue stores "now" and its duplicates only). Every
+# other replayed script is wrapped by _GUARD.
+SELF_GUARDED = frozenset({"claim", "enqueue"})
 # Not replayed: a re-run is harmless and their replies are only counts and next
 # times the calling loop reads again (promote and expire are conditional on
 # Redis' clock). They run often on every replica, so they write no entries.

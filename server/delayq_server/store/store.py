@@ -27,6 +27,7 @@ from delayq_server.store.keys import (
     queue_meta_key,
     server_channel,
 )
+from delayq_server.store.layout import LAYOUT
 from delayq_server.store.queues import Queues
 from delayq_server.store.records import JobRecord, JobState
 
@@ -169,6 +170,10 @@ def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _ignore_head(keys: ShardKeys, next_due_ms: int | None, now_ms: int) -> None:
+    pass
+
+
 def _now_arg(now_ms: int | None) -> str:
     return "" if now_ms is None else str(now_ms)
 
@@ -210,6 +215,9 @@ class Store:
         # connections are busy, but redis-py's cluster client fails instead
         # ("Too many connections"); a batch over hundreds of shards must queue.
         self._in_flight = asyncio.Semaphore(SCRIPTS_IN_FLIGHT)
+        # Told the backlog's next due ms (None: empty) and Redis' now after every
+        # claim: this replica's promoter sleeps on it (timers/promoter.py).
+        self.on_backlog_head: Callable[[ShardKeys, int | None, int], None] = _ignore_head
         self.queues = Queues(self)
 
     def forget_queue(self, namespace: str, queue: str) -> None:
@@ -285,9 +293,10 @@ class Store:
             async with self.redis.pipeline(transaction=False) as pipe:
                 pipe.hsetnx(meta, "shards", self.default_shards)
                 pipe.hsetnx(meta, "bucket_width", self.bucket_width_ms)
+                pipe.hsetnx(meta, "layout", LAYOUT)
                 pipe.hmget(meta, ["shards", "bucket_width"])
                 pipe.sadd(QUEUES_KEY, f"{namespace}/{queue}")
-                _, _, (raw, width), _ = await pipe.execute()
+                _, _, _, (raw, width), _ = await pipe.execute()
         else:
             raw, width = await self.redis.hmget(meta, ["shards", "bucket_width"])
             if raw is None:
@@ -406,11 +415,23 @@ class Store:
         nonce_prefix: str,
         now_ms: int | None = None,
     ) -> list[Claimed]:
-        """Leases up to ``count`` ready jobs, each with a fresh nonce ending in 64 random bits."""
+        """Leases up to ``count`` ready jobs, each with a fresh nonce ending in 64 random bits.
+
+        Due jobs are promoted first when the ready list holds fewer than ``count``;
+        the backlog's next due time goes to ``on_backlog_head`` (the promoter).
+        """
         count = min(count, CLAIM_LIMIT)
         out = await self._run(
             "claim",
-            [keys.ready, keys.leased, keys.stats, keys.expiring, keys.dead, keys.paused],
+            [
+                keys.ready,
+                keys.leased,
+                keys.stats,
+                keys.expiring,
+                keys.dead,
+                keys.paused,
+                keys.index,
+            ],
             [
                 keys.prefix,
                 _now_arg(now_ms),
@@ -421,9 +442,11 @@ class Store:
                 os.urandom(8 * count).hex(),
             ],
         )
-        now = int(out[0])
+        now, next_due = int(out[0]), int(out[1])
+        if next_due != -2:  # -2: paused, the backlog was not read
+            self.on_backlog_head(keys, None if next_due < 0 else next_due, now)
         claimed = []
-        for i in range(1, len(out), 3):
+        for i in range(2, len(out), 3):
             rec = records.decode(out[i + 2])
             claimed.append(Claimed(_s(out[i]), _s(out[i + 1]), rec, now + lease_ms))
         return claimed
@@ -621,7 +644,7 @@ class Store:
 
     async def get(self, keys: ShardKeys, job_id: str) -> tuple[JobRecord, int]:
         """The job's record and the Redis time it was read at."""
-        raw, now = await self._run("read", [keys.record(job_id)], [])
+        raw, now = await self._run("read", [keys.record_group(job_id)], [job_id])
         if not raw:
             raise UnknownJob(job_id)
         return records.decode(raw), int(now)
@@ -630,7 +653,7 @@ class Store:
         """Whether each lease is still current (read-only, pipelined)."""
         async with self.redis.pipeline(transaction=False) as pipe:
             for lease in leases:
-                pipe.get(keys.record(lease.job_id))
+                pipe.hget(keys.record_group(lease.job_id), lease.job_id)
             raws = await pipe.execute()
         out = []
         for lease, raw in zip(leases, raws, strict=True):
@@ -657,7 +680,7 @@ class Store:
             pipe.zcard(keys.dead)
             pipe.zcard(keys.done)
             pipe.lindex(keys.ready, -1)
-            pipe.zrange(keys.index, 0, 0, withscores=True)
+            pipe.zrange(keys.index, 0, 0)
             (
                 counters_raw,
                 ready,
@@ -668,10 +691,14 @@ class Store:
                 head,
             ) = await pipe.execute()
         now_ms = await self.time_ms()  # cluster pipelines cannot carry keyless TIME
+        next_due = None
+        if head:  # the head bucket's first job (index scores are bucket starts)
+            first = await self.redis.zrange(keys.bucket(_s(head[0])), 0, 0, withscores=True)
+            next_due = int(first[0][1]) if first else None
         counters = {_s(k): int(v) for k, v in counters_raw.items()}
         oldest_due = None
         if oldest is not None:
-            raw = await self.redis.get(keys.record(_s(oldest)))
+            raw = await self.redis.hget(keys.record_group(_s(oldest)), _s(oldest))
             if raw is not None:
                 oldest_due = records.decode(cast(bytes, raw)).due_ms
         return ShardStats(
@@ -681,7 +708,7 @@ class Store:
             dead=int(dead),
             completed=int(done),
             oldest_ready_due_ms=oldest_due,
-            next_due_ms=int(head[0][1]) if head else None,
+            next_due_ms=next_due,
             counters=counters,
             now_ms=now_ms,
         )
@@ -697,7 +724,10 @@ class Store:
         ids = [_s(x) for x in await self.redis.zrange(keys.dead, offset, offset + count - 1)]
         if not ids:
             return []
-        raws = await self.redis.mget([keys.record(i) for i in ids])
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for i in ids:
+                pipe.hget(keys.record_group(i), i)
+            raws = await pipe.execute()
         return [
             (i, records.decode(cast(bytes, r)))
             for i, r in zip(ids, raws, strict=True)

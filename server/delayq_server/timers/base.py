@@ -53,5 +53,8 @@ class Loop:
             if delay is not None and delay <= 0:
                 continue
             timeout = self.fallback_s if delay is None else min(delay, self.fallback_s)
+            # asyncio.timeout, not wait_for: no task per sleep (a promoter sleeps
+            # once or twice per due time, issue 12).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self.wake.wait()

@@ -27,7 +27,7 @@ from delayq_server.store import LeaseRef, ShardKeys, Store
 from delayq_server.timers.base import FALLBACK_S
 from delayq_server.timers.janitor import Janitor
 from delayq_server.timers.ownership import Ownership, preferred
-from delayq_server.timers.promoter import Promoter
+from delayq_server.timers.promoter import COALESCE_S, Promoter, Waiters
 from delayq_server.timers.reaper import Reaper
 
 log = logging.getLogger(__name__)
@@ -49,9 +49,13 @@ class Timers:
         *,
         idle_stop_s: float = IDLE_STOP_S,
         refresh_s: float = REFRESH_S,
+        waiters: Waiters | None = None,
+        coalesce_s: float = COALESCE_S,
     ) -> None:
         self._store, self._hub, self._on_reaped = store, hub, on_reaped
         self._fallback_s = fallback_s
+        self._waiters = waiters  # this replica's idle streams (promoter.py)
+        self._coalesce_s = coalesce_s
         self._idle_stop_s, self._refresh_s = idle_stop_s, refresh_s
         self._loops: dict[ShardKeys, tuple[Promoter, Reaper]] = {}
         self._queues: dict[tuple[str, str], int] = {}  # every known queue -> shard count
@@ -67,6 +71,8 @@ class Timers:
         # listener subscribes to their channels: events.PubSubListener.want).
         self.on_known: Callable[[list[ShardKeys]], None] = lambda shards: None
         hub.on_unheard = self._unheard
+        hub.listen(events.LEASE, self._lease_event)
+        self._by_tag: dict[str, ShardKeys] = {}
 
     def _gained(self, keys: ShardKeys) -> None:
         """A shard became ours: its loops catch up at once."""
@@ -137,12 +143,13 @@ class Timers:
         if keys in self._loops:
             return False
         owns = self._owner_check(keys)
-        promoter = Promoter(self._store, self._hub, keys, owns)
+        promoter = Promoter(self._store, self._hub, keys, owns, self._waiters, self._coalesce_s)
         reaper = Reaper(self._store, self._hub, keys, self._on_reaped, owns)
         promoter.fallback_s = reaper.fallback_s = self._fallback_s
         promoter.start()
         reaper.start()
         self._loops[keys] = (promoter, reaper)
+        self._by_tag[keys.tag] = keys
         self._active.setdefault((keys.namespace, keys.queue), time.monotonic())
         return True
 
@@ -172,6 +179,19 @@ class Timers:
             if loops is None:
                 return
         loops[1].lease_taken(deadline_ms)
+
+    def backlog_seen(self, keys: ShardKeys, next_due_ms: int | None, now_ms: int) -> None:
+        """A claim here read the shard's next due time (Store.on_backlog_head)."""
+        loops = self._loops.get(keys)
+        if loops is not None:
+            loops[0].report(next_due_ms, now_ms)
+
+    def _lease_event(self, tag: str, detail: str) -> None:
+        """claim.lua (through any replica) made a lease ending before the others."""
+        keys = self._by_tag.get(tag)
+        loops = self._loops.get(keys) if keys is not None else None
+        if loops is not None:
+            loops[1].lease_taken(int(detail) if detail.isdigit() else 0)
 
     def expect_expiry(self, keys: ShardKeys, in_ms: int) -> None:
         self._janitor.expect(keys, in_ms)

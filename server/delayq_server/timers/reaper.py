@@ -32,9 +32,11 @@ class Reaper(Loop):
         self._store, self._hub, self._keys = store, hub, keys
         self._on_reaped, self._owns = on_reaped, owns
         self._wake_at_ms: int | None = None  # Redis-clock ms of the planned re-check
-        # claim.lua announces a lease ending before every other lease of the shard,
-        # so the owner re-plans even for leases taken through another replica.
-        hub.subscribe(events.LEASE, keys.tag, self.wake)
+        # claim.lua announces a lease ending before every other lease of the
+        # shard, so the owner re-plans even for leases taken through another
+        # replica: Timers routes those "lease" events to lease_taken, which wakes
+        # the loop only for a deadline before its planned re-check (waking for
+        # every claim's event cost a reap call per claim, issue 12).
 
     def lease_taken(self, deadline_ms: int) -> None:
         if self._wake_at_ms is None or deadline_ms < self._wake_at_ms:
@@ -71,7 +73,3 @@ class Reaper(Loop):
                     queue=k.queue, job_id=lease.job_id,
                     reason="lease expired on the final attempt",
                 )  # fmt: skip
-
-    async def stop(self) -> None:
-        self._hub.unsubscribe(events.LEASE, self._keys.tag, self.wake)
-        await super().stop()

@@ -1,43 +1,152 @@
--- record.lua: the packed job record and shared helpers.
--- A job record is one Redis STRING holding a msgpack array (see
--- delayq_server/store/records.py, which must agree on these indices).
--- One string per job costs ~40% of a hash per job (docs/design.md, "Redis layout").
+-- record.lua: the packed job record, the backlog, and shared helpers.
+-- A job record is a msgpack array (see delayq_server/store/records.py, which
+-- must agree on these indices), kept as one field of a record group: a HASH
+-- <prefix>r:<2 chars of the id's random part>, so 1,024 groups per shard and
+-- routing by id alone. Grouped records cost no key, object and dict entry
+-- each; small groups stay listpack-encoded when the server's
+-- hash-max-listpack-value admits a record (docs/decisions.md, "Memory layout v2").
 local R_STATE, R_ATTEMPTS, R_MAX, R_DUE, R_CREATED, R_EXPIRE = 1, 2, 3, 4, 5, 6
 local R_LASTDEL, R_FINISH, R_TOKEN, R_ERR = 7, 8, 9, 10
 local R_B_INIT, R_B_MAX, R_B_MULT, R_B_JIT, R_HEADERS, R_PAYLOAD = 11, 12, 13, 14, 15, 16
 local S_SCHEDULED, S_READY, S_LEASED, S_DEAD, S_COMPLETED = 1, 2, 3, 4, 5
+-- Jobs per backlog bucket before it splits: below zset-max-listpack-entries
+-- (128 by default), so every bucket stays listpack-encoded.
+local BUCKET_CAP = 100
 
 -- @include clock
 
+local function group_key(prefix, id)
+  return prefix .. 'r:' .. string.sub(id, 11, 12)
+end
+
+local function load_raw(prefix, id)
+  return redis.call('HGET', group_key(prefix, id), id)
+end
+
 local function load(prefix, id)
-  local raw = redis.call('GET', prefix .. 'j:' .. id)
+  local raw = load_raw(prefix, id)
   if not raw then return nil end
   return cmsgpack.unpack(raw)
 end
 
+local function save_raw(prefix, id, packed)
+  redis.call('HSET', group_key(prefix, id), id, packed)
+end
+
 local function save(prefix, id, rec)
-  redis.call('SET', prefix .. 'j:' .. id, cmsgpack.pack(rec))
+  save_raw(prefix, id, cmsgpack.pack(rec))
 end
 
--- Puts an id in the time-bucket backlog; the index keeps each bucket's earliest due.
-local function backlog_add(prefix, index, width, id, due)
-  local b = math.floor(due / width)
-  redis.call('ZADD', prefix .. 'b:' .. b, due, id)
-  redis.call('ZADD', index, 'LT', due, b)
+local function drop(prefix, id)
+  redis.call('HDEL', group_key(prefix, id), id)
 end
 
--- Removes an id from its bucket; fixes the index entry. Returns 1 when removed.
-local function backlog_remove(prefix, index, width, id, due)
-  local b = math.floor(due / width)
-  local bkey = prefix .. 'b:' .. b
-  local n = redis.call('ZREM', bkey, id)
-  if n == 1 then
-    local first = redis.call('ZRANGE', bkey, 0, 0, 'WITHSCORES')
-    if first[1] then
-      redis.call('ZADD', index, 'XX', first[2], b)
-    else
-      redis.call('ZREM', index, b)
+-- The backlog: sorted sets of at most about BUCKET_CAP ids, each covering the
+-- due times from its start up to the next bucket's start; the index (KEYS'
+-- index, ZSET) holds each bucket's start as member and score. Buckets split
+-- when they pass BUCKET_CAP, so dense and sparse due times alike fill them
+-- (tens to a hundred jobs each) and every bucket stays listpack-encoded. A
+-- bucket in the index is never empty.
+local function bucket_key(prefix, start)
+  return prefix .. 'bt:' .. start
+end
+
+-- Start of the bucket that holds due time `due` (the greatest start <= due), or nil.
+local function bucket_of(index, due)
+  local r = redis.call('ZRANGE', index, due, '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, 1)
+  return r[1]
+end
+
+-- Earliest due time in the backlog, or nil (the head bucket's first score).
+local function backlog_head(prefix, index)
+  local h = redis.call('ZRANGE', index, 0, 0)
+  if not h[1] then return nil end
+  local first = redis.call('ZRANGE', bucket_key(prefix, h[1]), 0, 0, 'WITHSCORES')
+  return tonumber(first[2])
+end
+
+-- Moves due ids from the backlog to the ready list, oldest first: at most
+-- `limit` ids and 64 buckets. Returns how many moved; the caller counts them
+-- off the 'backlog' counter and announces them.
+local function promote_due(prefix, index, ready, now, limit)
+  local moved = 0
+  for _ = 1, 64 do
+    if moved >= limit then break end
+    local head = redis.call('ZRANGE', index, 0, 0)
+    -- A bucket's start is at most its earliest due time.
+    if not head[1] or tonumber(head[1]) > now then break end
+    local bkey = bucket_key(prefix, head[1])
+    local ids = redis.call('ZRANGE', bkey, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit - moved)
+    if #ids > 0 then
+      redis.call('LPUSH', ready, unpack(ids))
+      redis.call('ZREM', bkey, unpack(ids))
+      moved = moved + #ids
     end
+    if redis.call('EXISTS', bkey) == 1 then break end
+    -- Emptied: later buckets may hold due jobs too.
+    redis.call('ZREM', index, head[1])
+  end
+  return moved
+end
+
+-- Splits an overfull bucket at a due time inside it; jobs due from there on
+-- move to a new bucket starting at it. Ids appended past the end split off
+-- alone, so buckets filled in due order end up full, not half full. A bucket
+-- whose jobs all share one due time cannot split (it only grows in a burst).
+local function bucket_split(prefix, index, start, bkey, n, due)
+  local last = redis.call('ZRANGE', bkey, -2, -1, 'WITHSCORES')
+  local at
+  if tonumber(last[4]) == due and tonumber(last[2]) < due then
+    at = due
+  else
+    local mid = redis.call('ZRANGE', bkey, math.floor(n / 2), math.floor(n / 2), 'WITHSCORES')
+    at = tonumber(mid[2])
+    if at <= tonumber(start) then
+      local above = redis.call('ZRANGE', bkey, '(' .. at, '+inf', 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
+      if not above[1] then return end
+      at = tonumber(above[2])
+    end
+  end
+  local moving = redis.call('ZRANGE', bkey, at, '+inf', 'BYSCORE', 'WITHSCORES')
+  local args = {}
+  for i = 1, #moving, 2 do
+    args[#args + 1] = moving[i + 1]
+    args[#args + 1] = moving[i]
+  end
+  local s = string.format('%d', at)
+  redis.call('ZADD', bucket_key(prefix, s), unpack(args))
+  redis.call('ZREMRANGEBYSCORE', bkey, at, '+inf')
+  redis.call('ZADD', index, at, s)
+end
+
+-- Puts an id in the backlog.
+local function backlog_add(prefix, index, id, due)
+  local start = bucket_of(index, due)
+  if not start then
+    -- Due before every bucket: the first bucket moves its start down when it
+    -- has room (jobs enqueued in falling due order still share buckets).
+    start = string.format('%d', due)
+    local first = redis.call('ZRANGE', index, 0, 0)
+    if first[1] and redis.call('ZCARD', bucket_key(prefix, first[1])) < BUCKET_CAP then
+      redis.call('RENAME', bucket_key(prefix, first[1]), bucket_key(prefix, start))
+      redis.call('ZREM', index, first[1])
+    end
+    redis.call('ZADD', index, due, start)
+  end
+  local bkey = bucket_key(prefix, start)
+  redis.call('ZADD', bkey, due, id)
+  local n = redis.call('ZCARD', bkey)
+  if n > BUCKET_CAP then bucket_split(prefix, index, start, bkey, n, due) end
+end
+
+-- Removes an id from the backlog. Returns 1 when removed.
+local function backlog_remove(prefix, index, id, due)
+  local start = bucket_of(index, due)
+  if not start then return 0 end
+  local bkey = bucket_key(prefix, start)
+  local n = redis.call('ZREM', bkey, id)
+  if n == 1 and redis.call('EXISTS', bkey) == 0 then
+    redis.call('ZREM', index, start)
   end
   return n
 end
@@ -71,7 +180,7 @@ end
 
 -- Schedules a retry `delay` ms from now (ready at once when 0). Returns 1 when
 -- the job went straight to the ready list.
-local function to_retry(prefix, index, ready, stats, width, id, rec, now, delay, reason)
+local function to_retry(prefix, index, ready, stats, id, rec, now, delay, reason)
   local due = now + delay
   rec[R_DUE] = due
   rec[R_TOKEN] = ''
@@ -85,7 +194,7 @@ local function to_retry(prefix, index, ready, stats, width, id, rec, now, delay,
   end
   rec[R_STATE] = S_SCHEDULED
   save(prefix, id, rec)
-  backlog_add(prefix, index, width, id, due)
+  backlog_add(prefix, index, id, due)
   redis.call('HINCRBY', stats, 'backlog', 1)
   return 0
 end
@@ -98,12 +207,12 @@ end
 -- newer job first.
 -- Returns the state it was in (0 when unknown), its lease nonce, so the
 -- stream that held a deleted lease can get its credit back, and the record.
-local function remove_job(prefix, k_index, k_ready, k_leased, k_dead, k_done, k_exp, k_stats, width, id)
+local function remove_job(prefix, k_index, k_ready, k_leased, k_dead, k_done, k_exp, k_stats, id)
   local rec = load(prefix, id)
   if not rec then return 0, '' end
   local st = rec[R_STATE]
   if st == S_SCHEDULED then
-    if backlog_remove(prefix, k_index, width, id, rec[R_DUE]) == 1 then
+    if backlog_remove(prefix, k_index, id, rec[R_DUE]) == 1 then
       redis.call('HINCRBY', k_stats, 'backlog', -1)
     else
       -- Promoted to the ready list without a record update (promote.lua).
@@ -120,7 +229,7 @@ local function remove_job(prefix, k_index, k_ready, k_leased, k_dead, k_done, k_
     redis.call('ZREM', k_done, id)
   end
   redis.call('ZREM', k_exp, id)
-  redis.call('DEL', prefix .. 'j:' .. id)
+  drop(prefix, id)
   if st == S_LEASED then return st, rec[R_TOKEN], rec end
   return st, '', rec
 end
