@@ -15,6 +15,7 @@ import redis
 from delayq.v1 import service_pb2
 from tests.support.auth import AuthServer, auth_server
 from tests.support.digest import redis_digest
+from tests.support.rpc import Consumer
 from tests.support.servers import DelayqProcess, ManagedRedis
 
 
@@ -115,3 +116,23 @@ def test_actions_need_an_admin_token_of_the_namespace(secured: AuthServer) -> No
         assert code == 200 and body["queue"]["paused"] is True
     finally:
         client.close()
+
+
+def test_queues_carry_this_servers_lateness_p99(plain: tuple[DelayqProcess, redis.Redis]) -> None:
+    """No deliveries yet: null; after a Consume delivered jobs: their p99 (ms), on the
+    list and on the queue (lateness.py)."""
+    proc, _ = plain
+    port = proc.http_port
+    _, body = call(port, "/api/queues")
+    assert {q["queue"]: q["lateness_p99_ms"] for q in body["queues"]}["q"] is None
+    with proc.channel() as ch:
+        stub = proc.stub(ch)
+        for _ in range(3):
+            stub.Enqueue(service_pb2.EnqueueRequest(queue="late", payload=b"x"))
+        with Consumer(stub, ["late"]) as c:
+            c.take(3)
+    _, body = call(port, "/api/queues")
+    p99 = {q["queue"]: q["lateness_p99_ms"] for q in body["queues"]}["late"]
+    assert isinstance(p99, float) and 0 <= p99 < 60_000
+    _, one = call(port, "/api/queues/default/late")
+    assert one["lateness_p99_ms"] == p99

@@ -22,7 +22,7 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from delayq.v1 import admin_pb2, job_pb2
-from delayq_server import convert, errors, validation
+from delayq_server import convert, errors, lateness, validation
 from delayq_server.admin.common import existing_shards, queue_name
 from delayq_server.admin.jobs import JobOps
 from delayq_server.admin.queues import QueueOps
@@ -168,13 +168,18 @@ class DashboardApi:
             page_size=500,
             page_token=request.query.get("page_token", ""),
         )
-        return _json(await self.q.list_queues(req))
+        out = _dict(await self.q.list_queues(req))
+        for q in out.get("queues", []):
+            # This server's deliveries of the last minute (lateness.py); None: none.
+            q["lateness_p99_ms"] = lateness.WINDOW.p99(q["namespace"], q["queue"])
+        return _json(out)
 
     async def get_queue(self, request: web.Request) -> web.StreamResponse:
         ns, q = queue_name(request.match_info["namespace"], request.match_info["queue"])
         await existing_shards(self.q.d, ns, q)
         queue = await self.q.queue(ns, q)
         out = _dict(queue)
+        out["lateness_p99_ms"] = lateness.WINDOW.p99(ns, q)
         out["histogram"] = await self._histogram(
             ns, q, queue.settings.shards, queue.stats.scheduled
         )

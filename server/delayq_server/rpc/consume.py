@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from delayq.v1 import job_pb2, service_pb2
-from delayq_server import convert, errors, framing, ids, logs, validation
+from delayq_server import convert, errors, framing, ids, lateness, logs, validation
 from delayq_server.rpc.base import Ctx, ServicerBase
 from delayq_server.store import (
     ShardKeys,
@@ -70,8 +70,15 @@ class ConsumeRpcs(ServicerBase):
                     )
                     for keys, c in batch
                 ]
+                waited_ms = (time.monotonic() - claimed_at) * 1000
+                for keys, c in batch:  # the dashboard's lateness p99 (lateness.py)
+                    lateness.WINDOW.record(
+                        keys.namespace,
+                        keys.queue,
+                        max(0.0, c.record.last_delivery_ms - c.record.due_ms + waited_ms),
+                    )
                 if self._tel.enabled:
-                    self._tel.on_delivered(batch, time.monotonic() - claimed_at)
+                    self._tel.on_delivered(batch, waited_ms / 1000)
                 delivered += len(batch)
                 # A default client refuses messages over 4 MiB: cap each by bytes.
                 sizes = [framing.bound(c.record) for _, c in batch]

@@ -136,14 +136,14 @@ function renderOverview(main) {
   const table = el("table", { id: "queues" },
     el("caption", { text: "Queues (live)" }),
     el("thead", {}, el("tr", {}, ...["Queue", "State", "Scheduled", "Ready", "Leased", "Dead",
-      "Completed", "Enqueued/s", "Acked/s", "Oldest ready (lag)", "Actions"].map(
+      "Completed", "Enqueued/s", "Acked/s", "Lateness p99", "Actions"].map(
       (h) => el("th", { scope: "col", text: h })))),
     el("tbody"));
   main.replaceChildren(el("h2", { text: "Queues" }), table);
   view = { kind: "overview" };
 }
 
-function sample(key, stats) {
+function sample(key, stats, p99) {
   const now = performance.now() / 1000;
   const prev = history.get(key);
   const cur = { t: now, enq: num(stats.enqueued_total), ack: num(stats.acked_total), lag: [] };
@@ -154,7 +154,8 @@ function sample(key, stats) {
     ackRate = Math.max(0, (cur.ack - prev.ack) / dt);
     cur.lag = prev.lag;
   }
-  cur.lag = [...cur.lag, secs(stats.oldest_ready_age)].slice(-30);
+  // Delivery lateness p99 of this server's last minute (null: no deliveries).
+  cur.lag = [...cur.lag, p99 == null ? 0 : Number(p99)].slice(-30);
   history.set(key, cur);
   return { enqRate, ackRate, lag: cur.lag };
 }
@@ -183,13 +184,14 @@ function updateOverview(data) {
     for (const st of STATES) row.querySelector(`.${st}`).textContent = num(s[st]);
     const badge = el("span", { class: q.paused ? "badge paused" : "badge", text: q.paused ? "paused" : "active" });
     row.querySelector(".state").replaceChildren(badge);
-    const r = sample(key, s);
+    const r = sample(key, s, q.lateness_p99_ms);
     row.querySelector(".enq").textContent = r.enqRate.toFixed(1);
     row.querySelector(".ack").textContent = r.ackRate.toFixed(1);
     const lagNow = r.lag[r.lag.length - 1] || 0;
+    const lagText = q.lateness_p99_ms == null ? "–" : `${lagNow.toFixed(1)} ms`;
     row.querySelector(".lag").replaceChildren(
-      sparkline(r.lag, `oldest ready job age, last ${r.lag.length} samples, now ${lagNow.toFixed(1)} s`),
-      ` ${lagNow.toFixed(1)} s`);
+      sparkline(r.lag, `delivery lateness p99 (this server, last minute), last ${r.lag.length} samples, now ${lagText}`),
+      ` ${lagText}`);
     const button = row.querySelector("button[data-action]");
     const op = q.paused ? "resume" : "pause";
     if (button.dataset.op !== op) {
