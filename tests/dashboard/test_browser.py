@@ -167,6 +167,9 @@ def _dead_jobs(srv: AuthServer, token: str, ns: str, queue: str, n: int) -> list
         if got == n:
             break
     call.cancel()  # type: ignore[no-untyped-call]
+    # The cancelled stream may still be open on the server for a moment and would
+    # claim a redriven job (counting an attempt): paused, the queue keeps it READY.
+    srv.admin(token).PauseQueue(admin_pb2.PauseQueueRequest(namespace=ns, queue=queue), timeout=10)
     return ids
 
 
