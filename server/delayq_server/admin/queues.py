@@ -14,6 +14,7 @@ from delayq_server.admin.common import (
 )
 from delayq_server.admin.push_target import push_in, push_out
 from delayq_server.errors import FailedPrecondition, InvalidArgument
+from delayq_server.queue_stats import summed_stats
 from delayq_server.store import ShardKeys
 from delayq_server.store.jobs_admin import PURGE_LIMIT
 from delayq_server.store.queues import (
@@ -126,32 +127,7 @@ def settings_out(s: QueueSettings) -> admin_pb2.QueueSettings:
 
 async def queue_stats(deps: Deps, namespace: str, queue: str, shards: int) -> job_pb2.QueueStats:
     """Counts of every shard summed (as GetQueueStats answers them)."""
-    stats = job_pb2.QueueStats(namespace=namespace, queue=queue, shards=shards)
-    oldest: int | None = None
-    next_due: int | None = None
-    now = 0
-    for s in range(shards):
-        st = await deps.store.shard_stats(ShardKeys(namespace, queue, s))
-        now = st.now_ms
-        stats.scheduled += st.scheduled
-        stats.ready += st.ready
-        stats.leased += st.leased
-        stats.dead += st.dead
-        stats.completed += st.completed
-        stats.enqueued_total += st.counters.get("enqueued", 0)
-        stats.acked_total += st.counters.get("acked", 0)
-        stats.retried_total += st.counters.get("retried", 0)
-        stats.dead_lettered_total += st.counters.get("dead_lettered", 0)
-        stats.expired_total += st.counters.get("expired", 0)
-        if st.oldest_ready_due_ms is not None:
-            oldest = min(oldest or st.oldest_ready_due_ms, st.oldest_ready_due_ms)
-        if st.next_due_ms is not None:
-            next_due = min(next_due or st.next_due_ms, st.next_due_ms)
-    if oldest is not None:
-        stats.oldest_ready_age.CopyFrom(convert.dur(max(0, now - oldest)))
-    if next_due is not None:
-        stats.next_due_time.CopyFrom(convert.ts(next_due))
-    return stats
+    return await summed_stats(deps.store, namespace, queue, shards)
 
 
 class QueueOps:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from delayq.v1 import job_pb2, service_pb2
+from delayq.v1 import service_pb2
 from delayq_server import convert, errors, validation
 from delayq_server.errors import InvalidArgument
+from delayq_server.queue_stats import summed_stats
 from delayq_server.rpc.base import Ctx, ServicerBase
 from delayq_server.store import (
     BacklogDue,
@@ -24,33 +25,10 @@ class QueueRpcs(ServicerBase):
         ns = validation.namespace(request.namespace)
         queue = validation.name("queue", request.queue)
         shards = await self._shards(ns, queue, create=False)
-        stats = job_pb2.QueueStats(namespace=ns, queue=queue, shards=shards)
-        oldest: int | None = None
-        next_due: int | None = None
-        now = 0
+        stats = await summed_stats(self._store, ns, queue, shards)
         due = BacklogDue()
         for s in range(shards):
-            st = await self._store.shard_stats(ShardKeys(ns, queue, s))
             due += await self._store.backlog_due(ShardKeys(ns, queue, s))
-            now = st.now_ms
-            stats.scheduled += st.scheduled
-            stats.ready += st.ready
-            stats.leased += st.leased
-            stats.dead += st.dead
-            stats.completed += st.completed
-            stats.enqueued_total += st.counters.get("enqueued", 0)
-            stats.acked_total += st.counters.get("acked", 0)
-            stats.retried_total += st.counters.get("retried", 0)
-            stats.dead_lettered_total += st.counters.get("dead_lettered", 0)
-            stats.expired_total += st.counters.get("expired", 0)
-            if st.oldest_ready_due_ms is not None:
-                oldest = min(oldest or st.oldest_ready_due_ms, st.oldest_ready_due_ms)
-            if st.next_due_ms is not None:
-                next_due = min(next_due or st.next_due_ms, st.next_due_ms)
-        if oldest is not None:
-            stats.oldest_ready_age.CopyFrom(convert.dur(max(0, now - oldest)))
-        if next_due is not None:
-            stats.next_due_time.CopyFrom(convert.ts(next_due))
         stats.backlog_due.within_minute = due.within_minute
         stats.backlog_due.within_hour = due.within_hour
         stats.backlog_due.within_day = due.within_day
