@@ -4,7 +4,7 @@ dead-letter retention, and pages of one state. Each call is bounded."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from delayq_server.store import records
 from delayq_server.store.keys import ShardKeys
@@ -232,14 +232,4 @@ class JobAdmin:
 
     async def records(self, keys: ShardKeys, ids: list[str]) -> list[tuple[str, JobRecord]]:
         """The records of ``ids`` that still exist, in order (one pipeline)."""
-        if not ids:
-            return []
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for i in ids:
-                pipe.hget(keys.record_group(i), i)
-            raws = await pipe.execute()
-        return [
-            (i, records.decode(cast(bytes, r)))
-            for i, r in zip(ids, raws, strict=True)
-            if r is not None
-        ]
+        return await self._store.records(keys, ids)

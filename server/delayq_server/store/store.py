@@ -722,6 +722,10 @@ class Store:
     ) -> list[tuple[str, JobRecord]]:
         """Dead jobs of a shard by rank (oldest death first)."""
         ids = [_s(x) for x in await self.redis.zrange(keys.dead, offset, offset + count - 1)]
+        return await self.records(keys, ids)
+
+    async def records(self, keys: ShardKeys, ids: list[str]) -> list[tuple[str, JobRecord]]:
+        """The records of ``ids`` that still exist, in order (one pipeline)."""
         if not ids:
             return []
         async with self.redis.pipeline(transaction=False) as pipe:
