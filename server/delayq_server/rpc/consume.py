@@ -70,12 +70,14 @@ class ConsumeRpcs(ServicerBase):
                     )
                     for keys, c in batch
                 ]
-                waited_ms = (time.monotonic() - claimed_at) * 1000
+                now = time.monotonic()
+                waited_ms = (now - claimed_at) * 1000
                 for keys, c in batch:  # the dashboard's lateness p99 (lateness.py)
                     lateness.WINDOW.record(
                         keys.namespace,
                         keys.queue,
                         max(0.0, c.record.last_delivery_ms - c.record.due_ms + waited_ms),
+                        now,
                     )
                 if self._tel.enabled:
                     self._tel.on_delivered(batch, waited_ms / 1000)
