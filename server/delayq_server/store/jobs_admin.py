@@ -66,15 +66,7 @@ class JobAdmin:
         return self._store.redis
 
     def _all_keys(self, keys: ShardKeys) -> list[str]:
-        return [
-            keys.index,
-            keys.ready,
-            keys.leased,
-            keys.dead,
-            keys.done,
-            keys.expiring,
-            keys.stats,
-        ]
+        return self._store._all_keys(keys)  # the same KEYS list as Store's scripts
 
     async def purge(
         self, keys: ShardKeys, state: JobState, limit: int = PURGE_LIMIT
