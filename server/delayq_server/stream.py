@@ -155,14 +155,13 @@ class ConsumeStream:
         first = [k for k in cands if k.tag == self._woken_for]
         return first + [k for k in cands if k.tag != self._woken_for]
 
-    async def _claim_round(self) -> list[tuple[ShardKeys, Claimed]]:
+    async def _claim_round(self, hinted: dict[str, int]) -> list[tuple[ShardKeys, Claimed]]:
         """Claims in priority order (a later queue only gets the credit left over),
-        from hinted shards only; a short claim clears the hint, a full one passes
+        from ``hinted`` shards only; a short claim clears the hint, a full one passes
         the wake-up on to another idle stream."""
         got: list[tuple[ShardKeys, Claimed]] = []
         board = self._d.board
         budget = self.credit
-        hinted = board.hinted(self.tags)
         for shards in self._queues:
             if budget <= 0:
                 break
@@ -193,16 +192,18 @@ class ConsumeStream:
             self.wake.clear()
             if len(self.outstanding) + self._cooling >= self._max_outstanding:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.wake.wait(), STALL_CHECK_S)
+                    async with asyncio.timeout(STALL_CHECK_S):
+                        await self.wake.wait()
                 if not self.wake.is_set():
                     await self._verify_outstanding()
                 continue
             tags = list(self.tags)
+            hinted = board.hinted(tags)
             if not first and self._woken_for is None:
                 # Credit came back. Take turns: when other streams wait idle for
                 # a hinted shard, wake the longest-waiting one and queue behind it,
                 # so a busy stream does not take every job (fair spread).
-                turn = next((t for t in board.hinted(tags) if board.has_idle(t)), None)
+                turn = next((t for t in hinted if board.has_idle(t)), None)
                 if turn is not None:
                     board.pass_on(turn)
                     board.go_idle(self, tags, force=True)
@@ -210,7 +211,10 @@ class ConsumeStream:
                     continue
             first = False
             woken = self._woken_for is not None
-            batch = await self._claim_round()
+            # Nothing hinted (credit came back after a delivery): no claim round,
+            # straight to idle.
+            batch = await self._claim_round(hinted) if hinted else []
+            self._woken_for = None
             if batch:
                 # Handed to gRPC from here on: the client may have it even if
                 # the write is interrupted, so its attempt counts.
@@ -227,7 +231,10 @@ class ConsumeStream:
         """Waits registered on the ready board until woken (or the fallback)."""
         board = self._d.board
         try:
-            await asyncio.wait_for(self.wake.wait(), self._d.idle_fallback_s)
+            # asyncio.timeout, not wait_for: no task per wait (a stream goes idle
+            # once per due time at a steady rate, issue 12).
+            async with asyncio.timeout(self._d.idle_fallback_s):
+                await self.wake.wait()
         except TimeoutError:
             board.hint_all(tags)  # last resort: an event may have been lost
         finally:

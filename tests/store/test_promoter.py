@@ -127,3 +127,33 @@ async def test_the_awaited_report_counts_even_in_the_same_ms(
     stream._claim = same_ms_claim  # type: ignore[method-assign]
     await until(lambda: len(stream.claimed) == 2)
     assert len(promotes) == 2  # both due times went to the stream: no fallback promote
+
+
+async def test_a_report_moves_the_sleep_without_a_tick(
+    store: Store, promoted: tuple[Promoter, Stream, list[int]]
+) -> None:
+    """The woken stream's report re-plans the promoter's timer in place: the loop
+    runs once per handed-over due time, not once more per report (issue 12, timer CPU)."""
+    promoter, stream, promotes = promoted
+    await until(lambda: promotes)
+    ticks: list[bool] = []  # whether the tick handed a due time over
+    real_tick = promoter.tick
+
+    async def counted() -> float | None:
+        before = promoter._handed_over
+        out = await real_tick()
+        ticks.append(promoter._handed_over and not before)
+        return out
+
+    promoter.tick = counted  # type: ignore[method-assign]
+    now = await store.time_ms()
+    await store.enqueue(KEYS, [spec(due_at_ms=now + 300 + 60 * i) for i in range(4)])
+    promoter.wake.set()
+    await until(lambda: len(stream.claimed) == 4)
+    await until(lambda: not stream.tasks)
+    # One tick for the event (it promotes nothing: nothing is due yet), then per
+    # due time the tick that hands it over, and at most one more for a timer that
+    # fired a little early; never one per report.
+    handed = sum(ticks)
+    assert handed == 4
+    assert len(ticks) - 1 - handed <= handed // 2, ticks

@@ -80,5 +80,8 @@ class ServicerBase:
             for i, code in zip(idx, out, strict=True):
                 codes[i] = code
 
-        await asyncio.gather(*(run(k, v) for k, v in by_shard.items()))
+        if len(by_shard) == 1:  # the usual Ack: no task for gather to make
+            await run(*next(iter(by_shard.items())))
+        else:
+            await asyncio.gather(*(run(k, v) for k, v in by_shard.items()))
         return codes

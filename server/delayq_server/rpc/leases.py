@@ -31,21 +31,16 @@ class LeaseRpcs(ServicerBase):
     async def Ack(self, request: service_pb2.AckRequest, context: Ctx) -> service_pb2.AckResponse:
         tokens = validation.tokens(list(request.lease_tokens))
         codes = await self.per_shard(tokens, self._store.ack)
-        await self._dispatcher.credit(
-            [t for t, c in zip(tokens, codes, strict=True) if c == AckOutcome.ACKED]
-        )
-        # A late answer for a lease that ran out frees the slot its stream kept
-        # (Dispatcher.on_reaped); the job id must match, so forged tokens free nothing.
-        await self._dispatcher.answered(
-            [t for t, c in zip(tokens, codes, strict=True) if c != AckOutcome.ACKED]
-        )
+        acked = [t for t, c in zip(tokens, codes, strict=True) if c == AckOutcome.ACKED]
+        await self._dispatcher.credit(acked)
+        if len(acked) < len(tokens):
+            # A late answer for a lease that ran out frees the slot its stream kept
+            # (Dispatcher.on_reaped); the job id must match, so forged tokens free nothing.
+            await self._dispatcher.answered(
+                [t for t, c in zip(tokens, codes, strict=True) if c != AckOutcome.ACKED]
+            )
         if self._tel.metering:
-            acked = [
-                (t.keys, t.job_id)
-                for t, c in zip(tokens, codes, strict=True)
-                if c == AckOutcome.ACKED
-            ]
-            self._tel.on_acked(acked)
+            self._tel.on_acked([(t.keys, t.job_id) for t in acked])
         return service_pb2.AckResponse(results=[_ACK_RESULT[c] for c in codes])
 
     @errors.unary

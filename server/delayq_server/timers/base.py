@@ -27,6 +27,7 @@ class Loop:
         self.fallback_s = FALLBACK_S
         self.idle = False  # the last tick found nothing pending (see manager.py)
         self._task: asyncio.Task[None] | None = None
+        self._sleep: asyncio.Timeout | None = None  # the sleep under way, if any
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=self.name)
@@ -39,6 +40,23 @@ class Loop:
 
     async def tick(self) -> float | None:
         raise NotImplementedError
+
+    def wake_in(self, delay: float) -> None:
+        """Ends the sleep under way after ``delay`` s instead (at once when <= 0).
+
+        Moves the timer in place: no task step, no tick, unlike ``wake`` (a
+        claim's report re-plans the promoter once per due time, issue 12).
+        """
+        sleep = self._sleep
+        # An expired sleep's task is about to tick anyway; a missing one is ticking.
+        if delay <= 0 or sleep is None or sleep.expired():
+            self.nudge()
+            return
+        sleep.reschedule(asyncio.get_running_loop().time() + delay)
+
+    def nudge(self) -> None:
+        """Ends the sleep now (``wake_in``'s way; a loop may tell it from ``wake``)."""
+        self.wake.set()
 
     async def _run(self) -> None:
         while True:
@@ -55,6 +73,10 @@ class Loop:
             timeout = self.fallback_s if delay is None else min(delay, self.fallback_s)
             # asyncio.timeout, not wait_for: no task per sleep (a promoter sleeps
             # once or twice per due time, issue 12).
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(timeout):
+            try:
+                async with asyncio.timeout(timeout) as self._sleep:
                     await self.wake.wait()
+            except TimeoutError:
+                pass
+            finally:
+                self._sleep = None

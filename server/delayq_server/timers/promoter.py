@@ -94,8 +94,21 @@ class Promoter(Loop):
             return
         self._handed_over = False
         self._seen_now = now_ms
-        self._head = (next_due_ms, now_ms, time.monotonic())
-        self._wake.report()
+        mono = time.monotonic()
+        self._head = (next_due_ms, now_ms, mono)
+        if not self._owns():
+            return  # another replica promotes; gaining the shard wakes us (manager.py)
+        if next_due_ms is None:
+            self.idle = True
+            self.wake_in(self.fallback_s)
+            return
+        # Re-plan the sleep in place, as tick would from this head: a task step
+        # and a tick per claim were a good part of the CPU per due time (issue 12).
+        self.idle = False
+        self.wake_in(max((next_due_ms - now_ms) / 1000, self._acted_at + self._coalesce_s - mono))
+
+    def nudge(self) -> None:
+        self._wake.report()  # a report only moves the time: no Redis call
 
     async def tick(self) -> float | None:
         if not self._owns():
