@@ -27,7 +27,6 @@ DELEGATE_WAIT_S = 0.01
 # CPU than the jobs themselves. Adds at most this much lateness, only when
 # jobs fall due faster than one per interval (issue 12).
 COALESCE_S = 0.002  # --timer-coalesce
-COALESCE_SLACK_S = 0.0005  # see Promoter._wait_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,17 +108,7 @@ class Promoter(Loop):
         # Re-plan the sleep in place, as tick would from this head: a task step
         # and a tick per claim were a good part of the CPU per due time (issue 12).
         self.idle = False
-        self.wake_in(self._wait_s((next_due_ms - now_ms) / 1000, mono))
-
-    def _wait_s(self, due_in_s: float, mono: float) -> float:
-        """How long to sleep: until the due time, and the coalescing interval since
-        the last action. The interval is a CPU bound, not a promise: with less than
-        half a ms of it left it is over (a sleep that short ends a whole ms later,
-        timers/base.py, which would stretch the interval by half a ms on average)."""
-        rest = self._acted_at + self._coalesce_s - mono
-        if due_in_s >= rest or rest > COALESCE_SLACK_S:
-            return max(due_in_s, rest)
-        return due_in_s
+        self.wake_in(max((next_due_ms - now_ms) / 1000, self._acted_at + self._coalesce_s - mono))
 
     def nudge(self) -> None:
         self._wake.report()  # a report only moves the time: no Redis call
@@ -138,7 +127,7 @@ class Promoter(Loop):
             self.idle = False
             mono = time.monotonic()
             now = seen_now + (mono - seen_at) * 1000
-            wait = self._wait_s((next_due - now) / 1000, mono)
+            wait = max((next_due - now) / 1000, self._acted_at + self._coalesce_s - mono)
             if wait > 0:
                 return wait
             self._acted_at = mono
