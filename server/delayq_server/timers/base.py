@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 
 log = logging.getLogger(__name__)
 
@@ -13,18 +12,6 @@ log = logging.getLogger(__name__)
 # are covered by waking every loop on resubscribe; this is the last resort.
 FALLBACK_S = 30.0
 ERROR_BACKOFF_S = 0.5
-
-
-def whole_ms(delay: float) -> float:
-    """``delay`` rounded up to a whole millisecond.
-
-    uvloop keeps time in whole ms (cached per loop iteration) and rounds a
-    timer to the nearest ms, so a sleep until a due time often ended early; the
-    loop then found the time not yet come and slept again, in 0 ms steps for a
-    remainder under half a ms: 5.4 ticks per due time in a micro-benchmark,
-    2.0 rounded up, for about 0.2 ms more lateness at the median (issue 12).
-    """
-    return math.ceil(delay * 1000 - 1e-6) / 1000
 
 
 class Loop:
@@ -65,7 +52,7 @@ class Loop:
         if delay <= 0 or sleep is None or sleep.expired():
             self.nudge()
             return
-        sleep.reschedule(asyncio.get_running_loop().time() + whole_ms(delay))
+        sleep.reschedule(asyncio.get_running_loop().time() + delay)
 
     def nudge(self) -> None:
         """Ends the sleep now (``wake_in``'s way; a loop may tell it from ``wake``)."""
@@ -83,7 +70,7 @@ class Loop:
                 delay = ERROR_BACKOFF_S
             if delay is not None and delay <= 0:
                 continue
-            timeout = self.fallback_s if delay is None else min(whole_ms(delay), self.fallback_s)
+            timeout = self.fallback_s if delay is None else min(delay, self.fallback_s)
             # asyncio.timeout, not wait_for: no task per sleep (a promoter sleeps
             # once or twice per due time, issue 12).
             try:
