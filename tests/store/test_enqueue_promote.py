@@ -255,6 +255,49 @@ async def test_a_full_batch_is_stored_in_bounded_chunks(store: Store, shard: Sha
     assert [r.due_ms for r in results] == [T0 + 1000 + i for i in range(1000)]
 
 
+async def _max_enqueue_calls_at_once(store: Store, shard: Shard, jobs: list[Any]) -> int:
+    active = peak = 0
+    run = store._run
+
+    async def counting_run(name: str, keys: Any, args: Any) -> Any:
+        nonlocal active, peak
+        if name != "enqueue":
+            return await run(name, keys, args)
+        active += 1
+        peak = max(peak, active)
+        try:
+            return await run(name, keys, args)
+        finally:
+            active -= 1
+
+    store._run = counting_run  # type: ignore[method-assign]
+    results, _ = await store.enqueue(shard.keys, jobs, T0)
+    assert [r.job_id for r in results] == [j.job_id for j in jobs]
+    return peak
+
+
+async def test_chunks_of_delayed_jobs_go_out_together(store: Store, shard: Shard) -> None:
+    jobs = [spec(delay_ms=1000 + i) for i in range(1000)]
+    assert await _max_enqueue_calls_at_once(store, shard, jobs) > 1
+    assert int(await store.redis.hget(shard.keys.stats, "backlog") or 0) == 1000
+
+
+@pytest.mark.parametrize(
+    "odd_one",
+    [
+        spec(delay_ms=0),
+        spec(delay_ms=5_000, idempotency_key="k"),
+        spec(due_at_ms=T0 + 5_000),
+    ],
+    ids=["due now: ready order", "idempotency key: first wins", "due time: maybe due now"],
+)
+async def test_chunks_that_order_matters_for_go_one_after_another(
+    store: Store, shard: Shard, odd_one: Any
+) -> None:
+    jobs = [*(spec(delay_ms=1000 + i) for i in range(999)), odd_one]
+    assert await _max_enqueue_calls_at_once(store, shard, jobs) == 1
+
+
 async def test_claim_takes_due_jobs_from_the_backlog_itself(store: Store, shard: Shard) -> None:
     heads: list[tuple[int | None, int]] = []
     store.on_backlog_head = lambda keys, due, now: heads.append((due, now))
