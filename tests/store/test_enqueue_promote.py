@@ -318,22 +318,6 @@ async def test_claim_takes_due_jobs_from_the_backlog_itself(store: Store, shard:
     assert int(await store.redis.hget(shard.keys.stats, "backlog") or 0) == 0
 
 
-async def test_claim_reports_redis_now_to_the_microsecond(store: Store, shard: Shard) -> None:
-    """The promoter plans wake-ups from a claim's now: to the µs, not floored to
-    the ms (up to a ms of lateness per due time, issue 12)."""
-    heads: list[float] = []
-    store.on_backlog_head = lambda keys, due, now: heads.append(now)
-    for i in range(5):
-        sec, usec = await store.redis.time()
-        before = int(sec) * 1000 + int(usec) / 1000
-        await store.claim(shard.keys, 1, 30_000, f"t.1.{i}.")
-        sec, usec = await store.redis.time()
-        after = int(sec) * 1000 + int(usec) / 1000
-        assert before <= heads[-1] <= after
-    # Five whole-ms readings in a row would be a one in 10^15 chance.
-    assert any(now != int(now) for now in heads)
-
-
 async def test_admin_listing_pages_through_split_buckets(store: Store, shard: Shard) -> None:
     rng = random.Random(5)
     offsets = [rng.randrange(1_000, 86_400_000) for _ in range(450)]

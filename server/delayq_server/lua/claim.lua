@@ -11,9 +11,8 @@
 -- ARGV[6] shard channel (SPUBLISH) (publishes "<prefix> lease <deadline>" for the reaper),
 -- ARGV[7] randomness: 16 hex chars per job (count * 16), from the server's CSPRNG,
 -- ARGV[8] events MAXLEN, always the last argument (0 = off; lua/includes/events.lua)
--- Returns: {now, next due ms in the backlog (-1: none, -2: not read, paused), µs past now
---   (0-999; -1: unknown, an explicit now or a replay), then per leased job: id, nonce,
---   packed record}
+-- Returns: {now, next due ms in the backlog (-1: none, -2: not read, paused), then per
+--   leased job: id, nonce, packed record}
 -- Due jobs are promoted here first, as many as the ready list lacks for `count`,
 -- so a stream that the promoter woke at a due time takes its jobs in this one
 -- call: no promote call and no "ready" event in between (issue 12, timer CPU).
@@ -37,7 +36,7 @@ local channel, random = ARGV[6], ARGV[7]
 -- @include replay
 local prev = replay_get()
 if prev then
-  local out = {prev[1], backlog_head(prefix, k_index) or -1, -1}
+  local out = {prev[1], backlog_head(prefix, k_index) or -1}
   for i = 2, #prev, 2 do
     local id, nonce = prev[i], prev[i + 1]
     local raw = load_raw(prefix, id)
@@ -54,17 +53,17 @@ if prev then
   end
   return out
 end
-local now, now_us = now_ms_us(ARGV[2])
+local now = now_ms(ARGV[2])
 -- Paused (PauseQueue, issue 14): claim nothing; the stream sees a short claim
 -- and waits idle until pause.lua's resume publishes "ready".
 -- It reports no next due time (-2): the promoter then promotes on its own.
-if redis.call('EXISTS', k_paused) == 1 then return {now, -2, now_us} end
+if redis.call('EXISTS', k_paused) == 1 then return {now, -2} end
 local lacking = count - redis.call('LLEN', k_ready)
 if lacking > 0 then
   local moved = promote_due(prefix, k_index, k_ready, now, lacking)
   if moved > 0 then redis.call('HINCRBY', k_stats, 'backlog', -moved) end
 end
-local out = {now, backlog_head(prefix, k_index) or -1, now_us}
+local out = {now, backlog_head(prefix, k_index) or -1}
 local kept = {now}
 local ids = redis.call('RPOP', k_ready, count)
 -- Nothing leased: a re-run is a fresh claim, harmless, so nothing is kept.
@@ -101,7 +100,7 @@ for i, id in ipairs(ids) do
 end
 -- The shard's reaper (on whichever replica owns the shard) sleeps until the
 -- earliest deadline it knows: tell it when this claim made an earlier one.
-if #out > 3 and (not head[2] or now + lease < tonumber(head[2])) then
+if #out > 2 and (not head[2] or now + lease < tonumber(head[2])) then
   redis.call('SPUBLISH', channel, prefix .. ' lease ' .. string.format('%d', now + lease))
 end
 if #kept > 1 then replay_put(kept) end

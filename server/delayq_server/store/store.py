@@ -179,7 +179,7 @@ def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _ignore_head(keys: ShardKeys, next_due_ms: int | None, now_ms: float) -> None:
+def _ignore_head(keys: ShardKeys, next_due_ms: int | None, now_ms: int) -> None:
     pass
 
 
@@ -226,8 +226,7 @@ class Store:
         self._in_flight = asyncio.Semaphore(SCRIPTS_IN_FLIGHT)
         # Told the backlog's next due ms (None: empty) and Redis' now after every
         # claim: this replica's promoter sleeps on it (timers/promoter.py).
-        # Redis' now is in ms with a fraction when the script read TIME.
-        self.on_backlog_head: Callable[[ShardKeys, int | None, float], None] = _ignore_head
+        self.on_backlog_head: Callable[[ShardKeys, int | None, int], None] = _ignore_head
         self.queues = Queues(self)
 
     def forget_queue(self, namespace: str, queue: str) -> None:
@@ -462,14 +461,11 @@ class Store:
                 os.urandom(8 * count).hex(),
             ],
         )
-        now, next_due, now_us = int(out[0]), int(out[1]), int(out[2])
+        now, next_due = int(out[0]), int(out[1])
         if next_due != -2:  # -2: paused, the backlog was not read
-            # Redis' clock to the µs where known: the promoter plans its next
-            # wake-up from it, up to a ms sooner than from whole ms (issue 12).
-            seen = now + now_us / 1000 if now_us >= 0 else now
-            self.on_backlog_head(keys, None if next_due < 0 else next_due, seen)
+            self.on_backlog_head(keys, None if next_due < 0 else next_due, now)
         claimed = []
-        for i in range(3, len(out), 3):
+        for i in range(2, len(out), 3):
             rec = records.decode(out[i + 2])
             claimed.append(Claimed(_s(out[i]), _s(out[i + 1]), rec, now + lease_ms))
         return claimed

@@ -180,7 +180,7 @@ class Timers:
                 return
         loops[1].lease_taken(deadline_ms)
 
-    def backlog_seen(self, keys: ShardKeys, next_due_ms: int | None, now_ms: float) -> None:
+    def backlog_seen(self, keys: ShardKeys, next_due_ms: int | None, now_ms: int) -> None:
         """A claim here read the shard's next due time (Store.on_backlog_head)."""
         loops = self._loops.get(keys)
         if loops is not None:

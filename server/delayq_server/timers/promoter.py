@@ -76,27 +76,24 @@ class Promoter(Loop):
         self._coalesce_s = coalesce_s
         # What we last learnt of the backlog: next due ms (None: empty), Redis'
         # now then, and our monotonic clock then. None: unknown, ask Redis.
-        self._head: tuple[int | None, float, float] | None = None
+        self._head: tuple[int | None, int, float] | None = None
         self._seen_now = 0  # Redis ms of the newest report taken (older ones are stale)
         self._acted_at = 0.0  # monotonic time of the last promote or hand-over
         self._handed_over = False  # a woken stream's report is awaited
         hub.subscribe(events.DUE, keys.tag, self.wake)
 
-    def report(self, next_due_ms: int | None, now_ms: float) -> None:
-        """A claim on this replica read the backlog head at Redis time ``now_ms``
-        (with the µs past the ms when the script read Redis TIME).
+    def report(self, next_due_ms: int | None, now_ms: int) -> None:
+        """A claim on this replica read the backlog head at Redis time ``now_ms``.
 
         Reports older than what we know are dropped: an enqueue may have added
         an earlier job since, and its "due" event made us ask Redis already.
         """
         # The awaited report may share its ms with the last one (a claim on
         # returned credit): taken, unless a promote ran since (it clears the wait).
-        # Whole ms compare: promote.lua reports whole ms only.
-        ms = int(now_ms)
-        if ms < self._seen_now or (ms == self._seen_now and not self._handed_over):
+        if now_ms < self._seen_now or (now_ms == self._seen_now and not self._handed_over):
             return
         self._handed_over = False
-        self._seen_now = ms
+        self._seen_now = now_ms
         mono = time.monotonic()
         self._head = (next_due_ms, now_ms, mono)
         if not self._owns():
