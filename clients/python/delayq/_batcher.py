@@ -28,11 +28,13 @@ SyncSender = Callable[[list[service_pb2.EnqueueRequest], float], list[Outcome]]
 class Batching:
     """How concurrent `enqueue` calls are gathered (docs/decisions.md, issue 12).
 
-    A call is sent at once when no batch call of the client is in flight (after
-    the current event-loop turn, so calls started together travel together);
-    while one is in flight, calls wait for it to finish, for `max_delay`
-    seconds, or until `max_items` jobs or `max_bytes` encoded bytes wait,
-    whichever comes first. A lone call is therefore never delayed.
+    A call is sent at once while fewer than `max_in_flight` batch calls of the
+    client are in flight (after the current event-loop turn, so calls started
+    together travel together), spread over the free slots in calls of at
+    least `split_items` jobs; when every slot is busy, calls wait for one to
+    free, for `max_delay` seconds, or until `max_items` jobs or `max_bytes`
+    encoded bytes wait, whichever comes first. A lone call is therefore never
+    delayed, and a busy producer builds its next batch while one is out.
     """
 
     #: Longest a call waits for company while another batch call is in flight.
@@ -43,6 +45,9 @@ class Batching:
     max_bytes: int = 1024 * 1024
     #: Most batch calls in flight at once (the sync client's sender threads).
     max_in_flight: int = 4
+    #: Fewest jobs per call when waiting jobs are spread over free slots: each call
+    #: costs the server a fixed ~0.3 ms, so tiny calls would cost more than they overlap.
+    split_items: int = 16
 
     def __post_init__(self) -> None:
         if not 0 <= self.max_delay <= 1:
@@ -53,6 +58,8 @@ class Batching:
             raise ValueError("Batching.max_bytes must be between 1 KiB and 3 MiB")
         if self.max_in_flight < 1:
             raise ValueError("Batching.max_in_flight must be at least 1")
+        if not 1 <= self.split_items <= self.max_items:
+            raise ValueError("Batching.split_items must be between 1 and max_items")
 
 
 def resolve(batching: Batching | bool | None, default: bool) -> Batching | None:
@@ -130,32 +137,53 @@ class AsyncBatcher:
         s = self._settings
         size = request.ByteSize() + 8
         if self._pending and self._pending_bytes + size > s.max_bytes:
-            self._flush()
+            self._flush(force=True)
         fut: asyncio.Future[Any] = loop.create_future()
         self._pending.append(_Item(request, size, timeout, fut))
         self._pending_bytes += size
         if len(self._pending) >= s.max_items or self._pending_bytes >= s.max_bytes:
-            self._flush()
+            self._flush(force=True)
         elif self._handle is None:
             self._handle = (
                 loop.call_soon(self._flush)
-                if self._in_flight == 0
-                else loop.call_later(s.max_delay, self._flush)
+                if self._in_flight < s.max_in_flight
+                else loop.call_later(s.max_delay, self._flush, True)
             )
         return fut
 
-    def _flush(self) -> None:
+    def _calls(self, n: int, force: bool) -> int:
+        """How many calls `n` waiting jobs go out in now (0: they wait for a free slot)."""
+        s = self._settings
+        free = s.max_in_flight - self._in_flight
+        if free <= 0:
+            return 1 if force else 0
+        return max(1, min(free, n // s.split_items))
+
+    def _flush(self, force: bool = False) -> None:
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
-        items, self._pending, self._pending_bytes = self._pending, [], 0
-        if not items:
+        items = self._pending
+        calls = self._calls(len(items), force) if items else 0
+        if not calls:
+            if items:  # every slot is busy: the first call to return sends them
+                self._handle = asyncio.get_running_loop().call_later(
+                    self._settings.max_delay, self._flush, True
+                )
             return
-        for group in _groups(items):
-            self._in_flight += 1
-            task = asyncio.get_running_loop().create_task(self._run(group))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+        self._pending, self._pending_bytes = [], 0
+        # Spread evenly, so the calls return at different times and the callers they
+        # release gather again while the others are still out (a pipeline, not a burst).
+        per, extra = divmod(len(items), calls)
+        start = 0
+        for k in range(calls):
+            end = start + per + (1 if k < extra else 0)
+            for group in _groups(items[start:end]):
+                self._in_flight += 1
+                task = asyncio.get_running_loop().create_task(self._run(group))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            start = end
 
     async def _run(self, items: list[_Item]) -> None:
         try:
@@ -168,14 +196,14 @@ class AsyncBatcher:
             _settle(items, outcomes)
         finally:
             self._in_flight -= 1
-            # Group commit: whatever gathered while this call was out goes now.
-            if self._in_flight == 0 and self._pending:
+            # A slot is free: whatever gathered while every slot was busy goes now.
+            if self._pending and self._in_flight < self._settings.max_in_flight:
                 self._flush()
 
     async def close(self) -> None:
         """Send what is waiting and wait for every call in flight."""
         self._closed = True
-        self._flush()
+        self._flush(force=True)
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
