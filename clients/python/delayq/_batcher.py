@@ -47,7 +47,7 @@ class Batching:
     max_in_flight: int = 4
     #: Fewest jobs per call when waiting jobs are spread over free slots: each call
     #: costs the server a fixed ~0.3 ms, so tiny calls would cost more than they overlap.
-    split_items: int = 16
+    split_items: int = 25
 
     def __post_init__(self) -> None:
         if not 0 <= self.max_delay <= 1:
