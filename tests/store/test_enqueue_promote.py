@@ -99,6 +99,39 @@ async def test_jobs_due_at_one_instant_share_a_bucket(store: Store, shard: Shard
     assert (res.moved, res.next_due_ms) == (150, None)
 
 
+async def test_runs_of_one_due_time_in_a_call_keep_every_bucket_whole(
+    store: Store, shard: Shard
+) -> None:
+    """enqueue.lua remembers the bucket of the last due time within a call; runs of
+    equal due times, interleaved with others, splitting buckets, still land each job
+    in the bucket whose range holds it, and only single-instant buckets pass 100."""
+    rng = random.Random(11)
+    dues: list[int] = []
+    while len(dues) < 1_500:
+        dues += [rng.randrange(1_000, 1_400)] * rng.choice([1, 3, 40, 130])
+    for start in range(0, len(dues), 100):
+        await store.enqueue(shard.keys, [spec(delay_ms=d) for d in dues[start : start + 100]], T0)
+    sizes = await _bucket_sizes(shard)
+    assert sum(sizes) == len(dues)
+    snap = await shard.snapshot()
+    for jobs in snap["buckets"].values():
+        if len(jobs) > 100:
+            assert len({due for _, due in jobs}) == 1
+
+
+async def test_a_call_of_one_due_time_looks_its_bucket_up_once(store: Store, shard: Shard) -> None:
+    """100 jobs of one delay in one call: one bucket lookup and size read, not one per
+    job (plus three split probes per job once the bucket is full of that instant)."""
+    await store.enqueue(shard.keys, [spec(delay_ms=5_000) for _ in range(100)], T0)
+    await store.redis.config_resetstat()
+    await store.enqueue(shard.keys, [spec(delay_ms=5_000) for _ in range(100)], T0)
+    stats = await store.redis.info("commandstats")
+    calls = {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
+    assert calls["zadd"] == 100
+    assert calls.get("zcard", 0) <= 2 and calls.get("zrange", 0) <= 6
+    assert await _bucket_sizes(shard) == [200]
+
+
 async def test_delete_and_nack_find_jobs_after_splits(store: Store, shard: Shard) -> None:
     ids = [await shard.scheduled(1_000 + (i * 7919) % 5_000) for i in range(300)]
     for job_id in ids[::2]:
@@ -220,6 +253,49 @@ async def test_a_full_batch_is_stored_in_bounded_chunks(store: Store, shard: Sha
     assert calls == [ENQUEUE_CHUNK] * (1000 // ENQUEUE_CHUNK)
     assert [r.job_id for r in results] == [j.job_id for j in jobs]
     assert [r.due_ms for r in results] == [T0 + 1000 + i for i in range(1000)]
+
+
+async def _max_enqueue_calls_at_once(store: Store, shard: Shard, jobs: list[Any]) -> int:
+    active = peak = 0
+    run = store._run
+
+    async def counting_run(name: str, keys: Any, args: Any) -> Any:
+        nonlocal active, peak
+        if name != "enqueue":
+            return await run(name, keys, args)
+        active += 1
+        peak = max(peak, active)
+        try:
+            return await run(name, keys, args)
+        finally:
+            active -= 1
+
+    store._run = counting_run  # type: ignore[method-assign]
+    results, _ = await store.enqueue(shard.keys, jobs, T0)
+    assert [r.job_id for r in results] == [j.job_id for j in jobs]
+    return peak
+
+
+async def test_chunks_of_delayed_jobs_go_out_together(store: Store, shard: Shard) -> None:
+    jobs = [spec(delay_ms=1000 + i) for i in range(1000)]
+    assert await _max_enqueue_calls_at_once(store, shard, jobs) > 1
+    assert int(await store.redis.hget(shard.keys.stats, "backlog") or 0) == 1000
+
+
+@pytest.mark.parametrize(
+    "odd_one",
+    [
+        spec(delay_ms=0),
+        spec(delay_ms=5_000, idempotency_key="k"),
+        spec(due_at_ms=T0 + 5_000),
+    ],
+    ids=["due now: ready order", "idempotency key: first wins", "due time: maybe due now"],
+)
+async def test_chunks_that_order_matters_for_go_one_after_another(
+    store: Store, shard: Shard, odd_one: Any
+) -> None:
+    jobs = [*(spec(delay_ms=1000 + i) for i in range(999)), odd_one]
+    assert await _max_enqueue_calls_at_once(store, shard, jobs) == 1
 
 
 async def test_claim_takes_due_jobs_from_the_backlog_itself(store: Store, shard: Shard) -> None:

@@ -61,6 +61,7 @@ local kept = {now}
 local was_empty = redis.call('LLEN', k_ready) == 0
 local head_due = backlog_head(prefix, k_index)
 local pushed, earliest, stored, delayed = 0, nil, 0, 0
+local memo = {}  -- backlog_add's bucket of the last due time (includes/record.lua)
 local out = {now}
 for i = 0, n - 1 do
   local j = jobs[i + 1]
@@ -104,7 +105,7 @@ for i = 0, n - 1 do
       pushed = pushed + 1
     else
       save(prefix, id, rec)
-      backlog_add(prefix, k_index, id, due)
+      backlog_add(prefix, k_index, id, due, memo)
       delayed = delayed + 1
       if earliest == nil or due < earliest then earliest = due end
     end

@@ -93,6 +93,7 @@ end
 -- move to a new bucket starting at it. Ids appended past the end split off
 -- alone, so buckets filled in due order end up full, not half full. A bucket
 -- whose jobs all share one due time cannot split (it only grows in a burst).
+-- Returns true when it split.
 local function bucket_split(prefix, index, start, bkey, n, due)
   local last = redis.call('ZRANGE', bkey, -2, -1, 'WITHSCORES')
   local at
@@ -117,26 +118,51 @@ local function bucket_split(prefix, index, start, bkey, n, due)
   redis.call('ZADD', bucket_key(prefix, s), unpack(args))
   redis.call('ZREMRANGEBYSCORE', bkey, at, '+inf')
   redis.call('ZADD', index, at, s)
+  return true
 end
 
--- Puts an id in the backlog.
-local function backlog_add(prefix, index, id, due)
+-- Puts an id in the backlog. `memo` (a table, one per script call, optional)
+-- remembers the bucket the last due time went to and its size: jobs enqueued
+-- with one delay in one call share their due ms, and each then costs one ZADD
+-- instead of a bucket lookup, a ZCARD and, once the bucket is full of that one
+-- due time and cannot split, three split probes (issue 12: Redis time per job).
+-- Scores go as integer strings: Redis formats a Lua number with "%.17g".
+local function backlog_add(prefix, index, id, due, memo)
+  local due_s = string.format('%d', due)
+  if memo and memo.due == due then
+    memo.n = memo.n + redis.call('ZADD', memo.bkey, due_s, id)
+    if memo.n > BUCKET_CAP and not memo.uniform then
+      -- Cannot split only while every job in it shares its start: later jobs
+      -- of the same due ms keep it so.
+      if bucket_split(prefix, index, memo.start, memo.bkey, memo.n, due) then
+        memo.due = nil
+      else
+        memo.uniform = true
+      end
+    end
+    return
+  end
   local start = bucket_of(index, due)
   if not start then
     -- Due before every bucket: the first bucket moves its start down when it
     -- has room (jobs enqueued in falling due order still share buckets).
-    start = string.format('%d', due)
+    start = due_s
     local first = redis.call('ZRANGE', index, 0, 0)
     if first[1] and redis.call('ZCARD', bucket_key(prefix, first[1])) < BUCKET_CAP then
       redis.call('RENAME', bucket_key(prefix, first[1]), bucket_key(prefix, start))
       redis.call('ZREM', index, first[1])
     end
-    redis.call('ZADD', index, due, start)
+    redis.call('ZADD', index, due_s, start)
   end
   local bkey = bucket_key(prefix, start)
-  redis.call('ZADD', bkey, due, id)
+  redis.call('ZADD', bkey, due_s, id)
   local n = redis.call('ZCARD', bkey)
-  if n > BUCKET_CAP then bucket_split(prefix, index, start, bkey, n, due) end
+  local split = n > BUCKET_CAP and bucket_split(prefix, index, start, bkey, n, due)
+  if memo then
+    memo.due, memo.start, memo.bkey, memo.n = due, start, bkey, n
+    memo.uniform = n > BUCKET_CAP and not split
+    if split then memo.due = nil end
+  end
 end
 
 -- Removes an id from the backlog. Returns 1 when removed.
