@@ -62,8 +62,8 @@ async def test_concurrent_async_enqueues_travel_in_few_batch_calls(target: str) 
     async with AsyncClient(channel=channel) as client:
         results = await asyncio.gather(*(client.enqueue("q", {"n": i}) for i in range(200)))
         assert len({r.job_id for r in results}) == 200
-        # 200 calls started in one loop turn: spread over the free slots (4 by default).
-        assert counter.calls[BATCH] == 4 and counter.calls[ENQUEUE] == 0, counter.calls
+        # 200 calls started in one loop turn: spread over free slots, 100 jobs or more each.
+        assert counter.calls[BATCH] == 2 and counter.calls[ENQUEUE] == 0, counter.calls
         stats = await client.stats("q")
         assert stats.enqueued_total == 200
         jobs = await asyncio.gather(*(client.get("q", r.job_id) for r in results[:3]))
@@ -103,7 +103,7 @@ async def test_busy_async_callers_keep_several_batch_calls_in_flight(target: str
     channel = aio.insecure_channel(
         target, options=channel_options(), interceptors=[cast(Any, overlap)]
     )
-    settings = Batching(max_in_flight=3)
+    settings = Batching(max_in_flight=3, split_items=10)
     results: list[EnqueueResult] = []
     async with AsyncClient(channel=channel, batching=settings) as client:
 
@@ -218,7 +218,7 @@ async def test_async_close_sends_what_is_still_gathering() -> None:
         batcher.submit(reqs[0], 10.0)
 
 
-async def test_async_jobs_go_at_once_while_a_slot_is_free_and_then_split() -> None:
+async def test_async_jobs_wait_for_company_while_a_call_is_out_and_then_split() -> None:
     sent: list[int] = []
     gates: list[asyncio.Event] = []
 
@@ -237,15 +237,19 @@ async def test_async_jobs_go_at_once_while_a_slot_is_free_and_then_split() -> No
     reqs = _requests(9)
     futures = [batcher.submit(reqs[0], 10.0)]
     await turns()
+    assert sent == [1]  # nothing was in flight: it went alone, at once
     futures.append(batcher.submit(reqs[1], 10.0))
     await turns()
-    assert sent == [1, 1]  # each went alone at once: a slot was free
-    futures += [batcher.submit(r, 10.0) for r in reqs[2:]]
+    assert sent == [1]  # one call is out: a lone job waits for company (max_delay is 1 s)
+    futures += [batcher.submit(r, 10.0) for r in reqs[2:4]]
     await turns()
-    assert sent == [1, 1]  # both slots busy: the other 7 wait (max_delay is 1 s)
+    assert sent == [1, 3]  # 3 waiting fill a call of split_items and a slot is free
+    futures += [batcher.submit(r, 10.0) for r in reqs[4:]]
+    await turns()
+    assert sent == [1, 3]  # both slots busy: the other 5 wait
     gates[0].set()
     await turns()
-    assert sent == [1, 1, 7]  # one slot freed: all 7 in it (one free slot, one call)
+    assert sent == [1, 3, 5]  # one slot freed: all 5 in it
     gates[1].set()
     gates[2].set()
     await asyncio.wait_for(asyncio.gather(*futures), 10)

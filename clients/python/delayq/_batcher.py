@@ -28,13 +28,14 @@ SyncSender = Callable[[list[service_pb2.EnqueueRequest], float], list[Outcome]]
 class Batching:
     """How concurrent `enqueue` calls are gathered (docs/decisions.md, issue 12).
 
-    A call is sent at once while fewer than `max_in_flight` batch calls of the
-    client are in flight (after the current event-loop turn, so calls started
-    together travel together), spread over the free slots in calls of at
-    least `split_items` jobs; when every slot is busy, calls wait for one to
-    free, for `max_delay` seconds, or until `max_items` jobs or `max_bytes`
-    encoded bytes wait, whichever comes first. A lone call is therefore never
-    delayed, and a busy producer builds its next batch while one is out.
+    A call is sent at once when no batch call of the client is in flight (after
+    the current event-loop turn, so calls started together travel together).
+    While calls are in flight, waiting calls go when one returns (group
+    commit), after `max_delay` seconds, when `max_items` jobs or `max_bytes`
+    encoded bytes wait, or, while fewer than `max_in_flight` calls are out, as
+    soon as `split_items` jobs wait. Jobs sent together are spread over the free
+    slots in calls of at least `split_items` jobs, so a very busy producer
+    builds its next batch while one is out. A lone call is never delayed.
     """
 
     #: Longest a call waits for company while another batch call is in flight.
@@ -45,9 +46,10 @@ class Batching:
     max_bytes: int = 1024 * 1024
     #: Most batch calls in flight at once (the sync client's sender threads).
     max_in_flight: int = 4
-    #: Fewest jobs per call when waiting jobs are spread over free slots: each call
-    #: costs the server a fixed ~0.3 ms, so tiny calls would cost more than they overlap.
-    split_items: int = 25
+    #: Fewest jobs a call sends while another is in flight, and per call when waiting
+    #: jobs are spread over free slots: each call costs the server a fixed ~0.5 ms of
+    #: CPU, so smaller calls cost more than their overlap gains (docs/decisions.md).
+    split_items: int = 100
 
     def __post_init__(self) -> None:
         if not 0 <= self.max_delay <= 1:
@@ -125,6 +127,7 @@ class AsyncBatcher:
         self._pending: list[_Item] = []
         self._pending_bytes = 0
         self._handle: asyncio.Handle | None = None
+        self._soon = False  # whether _handle is a call_soon (else the max_delay timer)
         self._in_flight = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -143,34 +146,42 @@ class AsyncBatcher:
         self._pending_bytes += size
         if len(self._pending) >= s.max_items or self._pending_bytes >= s.max_bytes:
             self._flush(force=True)
-        elif self._handle is None:
+        elif self._handle is None or (not self._soon and self._ready()):
+            if self._handle is not None:
+                self._handle.cancel()
+            self._soon = self._ready()
             self._handle = (
                 loop.call_soon(self._flush)
-                if self._in_flight < s.max_in_flight
+                if self._soon
                 else loop.call_later(s.max_delay, self._flush, True)
             )
         return fut
 
-    def _calls(self, n: int, force: bool) -> int:
-        """How many calls `n` waiting jobs go out in now (0: they wait for a free slot)."""
+    def _ready(self) -> bool:
+        """Whether the waiting jobs may go now: nothing is in flight (a lone call is never
+        delayed), or a slot is free and they fill a call of `split_items` (each call
+        costs the server a fixed ~0.5 ms of CPU, so small ones wait for company)."""
         s = self._settings
-        free = s.max_in_flight - self._in_flight
-        if free <= 0:
-            return 1 if force else 0
-        return max(1, min(free, n // s.split_items))
+        return self._in_flight == 0 or (
+            self._in_flight < s.max_in_flight and len(self._pending) >= s.split_items
+        )
 
     def _flush(self, force: bool = False) -> None:
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
         items = self._pending
-        calls = self._calls(len(items), force) if items else 0
-        if not calls:
-            if items:  # every slot is busy: the first call to return sends them
-                self._handle = asyncio.get_running_loop().call_later(
-                    self._settings.max_delay, self._flush, True
-                )
+        if not items:
             return
+        s = self._settings
+        if not force and not self._ready():  # things changed since this was scheduled
+            self._soon = False
+            self._handle = asyncio.get_running_loop().call_later(
+                s.max_delay, self._flush, True
+            )
+            return
+        free = s.max_in_flight - self._in_flight
+        calls = max(1, min(free, len(items) // s.split_items))
         self._pending, self._pending_bytes = [], 0
         # Spread evenly, so the calls return at different times and the callers they
         # release gather again while the others are still out (a pipeline, not a burst).
@@ -196,8 +207,8 @@ class AsyncBatcher:
             _settle(items, outcomes)
         finally:
             self._in_flight -= 1
-            # A slot is free: whatever gathered while every slot was busy goes now.
-            if self._pending and self._in_flight < self._settings.max_in_flight:
+            # Group commit: what gathered while calls were out goes once it may.
+            if self._pending and self._ready():
                 self._flush()
 
     async def close(self) -> None:
