@@ -62,8 +62,8 @@ async def test_concurrent_async_enqueues_travel_in_few_batch_calls(target: str) 
     async with AsyncClient(channel=channel) as client:
         results = await asyncio.gather(*(client.enqueue("q", {"n": i}) for i in range(200)))
         assert len({r.job_id for r in results}) == 200
-        # 200 calls started in one loop turn: spread over free slots, 100 jobs or more each.
-        assert counter.calls[BATCH] == 2 and counter.calls[ENQUEUE] == 0, counter.calls
+        # 200 calls started in one loop turn: one call (split_items off by default).
+        assert counter.calls[BATCH] == 1 and counter.calls[ENQUEUE] == 0, counter.calls
         stats = await client.stats("q")
         assert stats.enqueued_total == 200
         jobs = await asyncio.gather(*(client.get("q", r.job_id) for r in results[:3]))
@@ -295,6 +295,8 @@ def test_batching_settings_are_checked() -> None:
         Batching(max_items=1001)
     with pytest.raises(ValueError, match="max_bytes"):
         Batching(max_bytes=8 * 1024 * 1024)
+    with pytest.raises(ValueError, match="split_items"):
+        Batching(max_items=100, split_items=101)
 
 
 def test_an_error_outcome_maps_to_the_client_error_type() -> None:

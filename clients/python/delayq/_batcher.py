@@ -34,8 +34,8 @@ class Batching:
     commit), after `max_delay` seconds, when `max_items` jobs or `max_bytes`
     encoded bytes wait, or, while fewer than `max_in_flight` calls are out, as
     soon as `split_items` jobs wait. Jobs sent together are spread over the free
-    slots in calls of at least `split_items` jobs, so a very busy producer
-    builds its next batch while one is out. A lone call is never delayed.
+    slots in calls of at least `split_items` jobs, so a busy producer can build
+    its next batch while one is out. A lone call is never delayed.
     """
 
     #: Longest a call waits for company while another batch call is in flight.
@@ -44,12 +44,16 @@ class Batching:
     max_items: int = 500
     #: Most encoded request bytes per call, far under gRPC's 4 MiB default limit.
     max_bytes: int = 1024 * 1024
-    #: Most batch calls in flight at once (the sync client's sender threads).
+    #: Most batch calls in flight at once (the sync client's sender threads; the
+    #: async client's only with `split_items`).
     max_in_flight: int = 4
     #: Fewest jobs a call sends while another is in flight, and per call when waiting
-    #: jobs are spread over free slots: each call costs the server a fixed ~0.5 ms of
-    #: CPU, so smaller calls cost more than their overlap gains (docs/decisions.md).
-    split_items: int = 100
+    #: jobs are spread over free slots; 0 (default): `max_items`, i.e. one call at a
+    #: time unless a full one waits. Each call costs the server a fixed ~0.5 ms of CPU,
+    #: and on the 2-core benchmark machine splitting measured slower at 50 and 200
+    #: callers (docs/decisions.md, issue 12); a producer with idle cores may gain.
+    #: The blocking client's ThreadBatcher does not use it.
+    split_items: int = 0
 
     def __post_init__(self) -> None:
         if not 0 <= self.max_delay <= 1:
@@ -60,8 +64,8 @@ class Batching:
             raise ValueError("Batching.max_bytes must be between 1 KiB and 3 MiB")
         if self.max_in_flight < 1:
             raise ValueError("Batching.max_in_flight must be at least 1")
-        if not 1 <= self.split_items <= self.max_items:
-            raise ValueError("Batching.split_items must be between 1 and max_items")
+        if not 0 <= self.split_items <= self.max_items:
+            raise ValueError("Batching.split_items must be between 0 and max_items")
 
 
 def resolve(batching: Batching | bool | None, default: bool) -> Batching | None:
@@ -128,6 +132,7 @@ class AsyncBatcher:
         self._pending_bytes = 0
         self._handle: asyncio.Handle | None = None
         self._soon = False  # whether _handle is a call_soon (else the max_delay timer)
+        self._split = settings.split_items or settings.max_items
         self._in_flight = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -163,7 +168,7 @@ class AsyncBatcher:
         costs the server a fixed ~0.5 ms of CPU, so small ones wait for company)."""
         s = self._settings
         return self._in_flight == 0 or (
-            self._in_flight < s.max_in_flight and len(self._pending) >= s.split_items
+            self._in_flight < s.max_in_flight and len(self._pending) >= self._split
         )
 
     def _flush(self, force: bool = False) -> None:
@@ -181,7 +186,7 @@ class AsyncBatcher:
             )
             return
         free = s.max_in_flight - self._in_flight
-        calls = max(1, min(free, len(items) // s.split_items))
+        calls = max(1, min(free, len(items) // self._split))
         self._pending, self._pending_bytes = [], 0
         # Spread evenly, so the calls return at different times and the callers they
         # release gather again while the others are still out (a pipeline, not a burst).

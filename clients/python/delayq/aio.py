@@ -54,8 +54,8 @@ class AsyncClient:
 
     `batching` is on by default: concurrent `enqueue` calls travel together in
     EnqueueBatch calls, each still getting its own result or error. A call
-    made while a batch slot is free goes out after the current loop turn, so a
-    lone caller waits no longer; see `delayq.Batching`. Pass
+    made while no batch call is in flight goes out after the current loop turn,
+    so a lone caller waits no longer; see `delayq.Batching`. Pass
     ``batching=False`` for one Enqueue call per job.
     """
 
