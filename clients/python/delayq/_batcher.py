@@ -181,9 +181,7 @@ class AsyncBatcher:
         s = self._settings
         if not force and not self._ready():  # things changed since this was scheduled
             self._soon = False
-            self._handle = asyncio.get_running_loop().call_later(
-                s.max_delay, self._flush, True
-            )
+            self._handle = asyncio.get_running_loop().call_later(s.max_delay, self._flush, True)
             return
         free = s.max_in_flight - self._in_flight
         calls = max(1, min(free, len(items) // self._split))
