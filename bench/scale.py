@@ -34,12 +34,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import grpc
+
+from bench.harness.delayq_runner import CHANNEL_OPTIONS
 from bench.scale_burst import burst
 from bench.scale_lateness import lateness
-from bench.scale_probe import Cost, probe, spec, used_memory
+from bench.scale_probe import Cost, probe, probe_server, spec, used_memory
+from delayq.v1 import service_pb2_grpc
 from delayq_server import redis_client
 from delayq_server.managed_redis import ManagedRedis
 from delayq_server.store import ShardKeys, Store
+from tests.support.servers import DelayqProcess
 
 DAY_MS = 86_400_000
 FILL_BATCH = 1000
@@ -107,6 +112,16 @@ async def _probes(
     return {k: Cost.mean(v) for k, v in out.items()}
 
 
+async def _server_probe(url: str, store: Store, shards: list[ShardKeys], payload: bytes) -> Cost:
+    """The enqueue probe through a server, started for it alone: its promoter would
+    take the store-level probes' jobs (they fall due while they run)."""
+    with DelayqProcess(url) as server:
+        assert server.proc is not None
+        async with grpc.aio.insecure_channel(server.address, options=CHANNEL_OPTIONS) as ch:
+            stub = service_pb2_grpc.DelayQueueServiceStub(ch)
+            return await probe_server(stub, server.proc.pid, store, shards, payload)
+
+
 async def run(
     url: str, label: str, args: argparse.Namespace, ping_urls: Sequence[str], control_url: str
 ) -> dict[str, Any]:
@@ -130,7 +145,8 @@ async def run(
         filled = target
         mem = await used_memory(store)
         costs = await _probes(store, control, shards[0], now, payload)
-        enq, pro = costs["enqueue"], costs["promote"]
+        costs["server_enqueue"] = await _server_probe(url, store, shards, payload)
+        enq, pro, srv = costs["enqueue"], costs["promote"], costs["server_enqueue"]
         row: dict[str, Any] = {
             "backlog": filled,
             "bytes_per_job": (mem - base_mem) / filled,
@@ -149,7 +165,9 @@ async def run(
             f"{enq.wall_us:5.1f} µs wall, {enq.cpu_us:5.1f} µs CPU ({enq.redis_cpu_us:4.1f} "
             f"Redis), x{row['enqueue_vs_control']['cpu_us']:.2f} control | promote "
             f"{pro.wall_us:5.1f} µs wall, {pro.cpu_us:5.1f} µs CPU ({pro.redis_cpu_us:4.1f} "
-            f"Redis), x{row['promote_vs_control']['cpu_us']:.2f} control /job | fill "
+            f"Redis), x{row['promote_vs_control']['cpu_us']:.2f} control /job | through a "
+            f"server: enqueue {srv.wall_us:5.1f} µs wall, {srv.cpu_us:5.1f} µs CPU (server "
+            f"{srv.store_cpu_us:4.1f} + Redis {srv.redis_cpu_us:4.1f}) /job | fill "
             f"{fill_s:.0f} s | load {row['load']}",
             flush=True,
         )
@@ -196,7 +214,7 @@ def _summary(res: dict[str, Any]) -> None:
         return
     ratios = {
         f"{op} {kind}": last[op][kind] / first[op][kind]
-        for op in ("enqueue", "promote")
+        for op in ("enqueue", "promote", "server_enqueue")
         for kind in ("wall_us", "cpu_us")
     }
     # The same ratio with each figure first divided by the control's of its minute.

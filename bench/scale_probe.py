@@ -135,3 +135,48 @@ async def probe(store: Store, keys: ShardKeys, now: int, payload: bytes) -> tupl
         Cost(statistics.median(enq_wall), enq_cpu * 1e6 / n, enq_redis * 1e6 / n),
         Cost(statistics.median(pro_wall), pro_cpu * 1e6 / n, pro_redis * 1e6 / n),
     )
+
+
+async def probe_server(
+    stub: Any, server_pid: int, store: Store, shards: list[ShardKeys], payload: bytes
+) -> Cost:
+    """Enqueue PROBES x PROBE_JOBS jobs through a server (EnqueueBatch, one delay per
+    call as producers send them): wall median per job, and the CPU per job of the
+    server process plus every Redis node, which is what an enqueue costs the system.
+    The jobs fall due 5 s later, well before the backlog, and are removed
+    afterwards (promoted, then dropped with their records)."""
+    from delayq.v1 import service_pb2
+
+    walls: list[float] = []
+    cpu = redis = 0.0
+    ids: list[str] = []
+    for _ in range(PROBES):
+        reqs = [
+            service_pb2.EnqueueRequest(namespace=shards[0].namespace, queue=shards[0].queue)
+            for _ in range(PROBE_JOBS)
+        ]
+        for r in reqs:
+            r.payload = payload
+            r.delay.FromMilliseconds(5_000)
+        r0, c0, t0 = await redis_cpu_s(store), proc_cpu_s(server_pid), time.perf_counter()
+        resp = await stub.EnqueueBatch(service_pb2.EnqueueBatchRequest(requests=reqs))
+        t1, c1 = time.perf_counter(), proc_cpu_s(server_pid)
+        r1 = await redis_cpu_s(store)
+        walls.append((t1 - t0) * 1e6 / PROBE_JOBS)
+        cpu += c1 - c0
+        redis += r1 - r0
+        ids += [x.response.job_id for x in resp.results]
+    until = await store.time_ms() + 10_000  # past every probe job, far before the backlog
+    for keys in shards:
+        while (await store.promote(keys, now_ms=until)).moved:
+            pass
+        # The ready list, and the server's lifecycle events of the probe's jobs.
+        await store.redis.delete(keys.ready)
+        await store.redis.delete(f"{keys.prefix}ev")
+    async with store.redis.pipeline(transaction=False) as pipe:
+        for job_id in ids:  # the id names its record group, in whichever shard it went
+            for k in shards:
+                pipe.hdel(k.record_group(job_id), job_id)
+        await pipe.execute()
+    n = PROBES * PROBE_JOBS
+    return Cost(statistics.median(walls), cpu * 1e6 / n, redis * 1e6 / n)
