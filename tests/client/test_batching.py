@@ -62,8 +62,8 @@ async def test_concurrent_async_enqueues_travel_in_few_batch_calls(target: str) 
     async with AsyncClient(channel=channel) as client:
         results = await asyncio.gather(*(client.enqueue("q", {"n": i}) for i in range(200)))
         assert len({r.job_id for r in results}) == 200
-        # 200 calls started in one loop turn: one call (split_items off by default).
-        assert counter.calls[BATCH] == 1 and counter.calls[ENQUEUE] == 0, counter.calls
+        # 200 calls started in one loop turn: spread over the 4 slots (25 or more each).
+        assert counter.calls[BATCH] == 4 and counter.calls[ENQUEUE] == 0, counter.calls
         stats = await client.stats("q")
         assert stats.enqueued_total == 200
         jobs = await asyncio.gather(*(client.get("q", r.job_id) for r in results[:3]))
@@ -103,7 +103,7 @@ async def test_busy_async_callers_keep_several_batch_calls_in_flight(target: str
     channel = aio.insecure_channel(
         target, options=channel_options(), interceptors=[cast(Any, overlap)]
     )
-    settings = Batching(max_in_flight=3, split_items=10)
+    settings = Batching(max_in_flight=3)
     results: list[EnqueueResult] = []
     async with AsyncClient(channel=channel, batching=settings) as client:
 

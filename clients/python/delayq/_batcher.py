@@ -44,16 +44,15 @@ class Batching:
     max_items: int = 500
     #: Most encoded request bytes per call, far under gRPC's 4 MiB default limit.
     max_bytes: int = 1024 * 1024
-    #: Most batch calls in flight at once (the sync client's sender threads; the
-    #: async client's only with `split_items`).
+    #: Most batch calls in flight at once (the sync client's sender threads).
     max_in_flight: int = 4
     #: Fewest jobs a call sends while another is in flight, and per call when waiting
-    #: jobs are spread over free slots; 0 (default): `max_items`, i.e. one call at a
-    #: time unless a full one waits. Each call costs the server a fixed ~0.5 ms of CPU,
-    #: and on the 2-core benchmark machine splitting measured slower at 50 and 200
-    #: callers (docs/decisions.md, issue 12); a producer with idle cores may gain.
+    #: jobs are spread over free slots (0: `max_items`, one call at a time unless a
+    #: full one waits). Each call costs the server a fixed ~0.5 ms of CPU: 25 lets 50
+    #: busy callers keep two calls out, measured +9-21% jobs/s on a quiet 2-core
+    #: machine and -21% when its cores were busy (docs/decisions.md, issue 12).
     #: The blocking client's ThreadBatcher does not use it.
-    split_items: int = 0
+    split_items: int = 25
 
     def __post_init__(self) -> None:
         if not 0 <= self.max_delay <= 1:
