@@ -11,6 +11,8 @@ and burst figures, and a real server for lateness:
   every Redis node; the ratio of the largest backlog to the smallest, also with
   each figure divided by the same probe on an empty control Redis taken in turn
   with it (the machine's load moves a lot between a 10k and a 10M reading);
+  and enqueue through a server (EnqueueBatch of 1,000 jobs of one delay): server
+  plus Redis CPU per job, what an enqueue costs the system;
 * lateness at --lateness-rate jobs/s due (client receive time - due time)
   through a server process, with the largest backlog in the same queue;
 * a burst of --burst jobs due in the same second, promoted and claimed in
