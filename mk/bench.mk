@@ -86,3 +86,8 @@ bench-admin: deps
 .PHONY: bench-push
 bench-push: deps
 	$(PY) -m bench.push $(BENCH_ARGS)
+
+# Issue 12: where a unary Enqueue's time goes (bare grpc.aio servers beside delayq).
+.PHONY: bench-unary
+bench-unary: deps
+	$(PY) -m bench.unary_latency $(BENCH_ARGS)

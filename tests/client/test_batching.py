@@ -62,12 +62,59 @@ async def test_concurrent_async_enqueues_travel_in_few_batch_calls(target: str) 
     async with AsyncClient(channel=channel) as client:
         results = await asyncio.gather(*(client.enqueue("q", {"n": i}) for i in range(200)))
         assert len({r.job_id for r in results}) == 200
-        # 200 calls started in one loop turn: at most max_items (500) per call.
-        assert counter.calls[BATCH] == 1 and counter.calls[ENQUEUE] == 0, counter.calls
+        # 200 calls started in one loop turn: spread over the 4 slots (25 or more each).
+        assert counter.calls[BATCH] == 4 and counter.calls[ENQUEUE] == 0, counter.calls
         stats = await client.stats("q")
         assert stats.enqueued_total == 200
         jobs = await asyncio.gather(*(client.get("q", r.job_id) for r in results[:3]))
         assert [j.payload for j in jobs] == [{"n": 0}, {"n": 1}, {"n": 2}]
+    await channel.close(None)
+
+
+class AioOverlap(aio.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]
+    """Counts EnqueueBatch calls in flight at once (sent and not yet answered)."""
+
+    def __init__(self) -> None:
+        self.active = 0
+        self.most = 0
+        self.calls = 0
+
+    async def intercept_unary_unary(
+        self, continuation: Callable[..., Any], details: Any, request: Any
+    ) -> Any:
+        method = details.method
+        if (method.decode() if isinstance(method, bytes) else method) != BATCH:
+            return await continuation(details, request)
+        self.calls += 1
+        self.active += 1
+        self.most = max(self.most, self.active)
+        try:
+            call = await continuation(details, request)
+            await call  # the answer has arrived: the call is no longer in flight
+        finally:
+            self.active -= 1
+        return call
+
+
+async def test_busy_async_callers_keep_several_batch_calls_in_flight(target: str) -> None:
+    # 50 callers in a loop: with one call in flight at a time the client, the server and
+    # Redis work strictly in turn; with several the next batch is built while one is out.
+    overlap = AioOverlap()
+    channel = aio.insecure_channel(
+        target, options=channel_options(), interceptors=[cast(Any, overlap)]
+    )
+    settings = Batching(max_in_flight=3)
+    results: list[EnqueueResult] = []
+    async with AsyncClient(channel=channel, batching=settings) as client:
+
+        async def caller(n: int) -> None:
+            for i in range(20):
+                results.append(await client.enqueue("q", {"caller": n, "i": i}))
+
+        await asyncio.gather(*(caller(n) for n in range(50)))
+        assert (await client.stats("q")).enqueued_total == 1000
+    assert len({r.job_id for r in results}) == 1000
+    assert 2 <= overlap.most <= settings.max_in_flight, (overlap.most, overlap.calls)
     await channel.close(None)
 
 
@@ -154,7 +201,7 @@ async def test_async_close_sends_what_is_still_gathering() -> None:
         await release.wait()
         return [EnqueueResult(job_id=r.payload.decode(), due_time=None) for r in reqs]
 
-    batcher = AsyncBatcher(send, Batching(max_delay=1.0))
+    batcher = AsyncBatcher(send, Batching(max_delay=1.0, max_in_flight=1))
     reqs = _requests(4)
     first = batcher.submit(reqs[0], 10.0)
     await leaving.wait()  # the lone job leaves; the others then wait for company
@@ -169,6 +216,53 @@ async def test_async_close_sends_what_is_still_gathering() -> None:
     assert [f.result().job_id for f in [first, *rest]] == ["0", "1", "2", "3"]
     with pytest.raises(RuntimeError, match="closed"):
         batcher.submit(reqs[0], 10.0)
+
+
+async def test_async_jobs_wait_for_company_while_a_call_is_out_and_then_split() -> None:
+    sent: list[int] = []
+    gates: list[asyncio.Event] = []
+
+    async def send(reqs: list[service_pb2.EnqueueRequest], _deadline: float) -> list[Outcome]:
+        sent.append(len(reqs))
+        gate = asyncio.Event()
+        gates.append(gate)
+        await gate.wait()
+        return [EnqueueResult(job_id=r.payload.decode(), due_time=None) for r in reqs]
+
+    async def turns() -> None:
+        for _ in range(50):  # a few loop turns, far less than max_delay
+            await asyncio.sleep(0)
+
+    batcher = AsyncBatcher(send, Batching(max_delay=1.0, max_in_flight=2, split_items=3))
+    reqs = _requests(9)
+    futures = [batcher.submit(reqs[0], 10.0)]
+    await turns()
+    assert sent == [1]  # nothing was in flight: it went alone, at once
+    futures.append(batcher.submit(reqs[1], 10.0))
+    await turns()
+    assert sent == [1]  # one call is out: a lone job waits for company (max_delay is 1 s)
+    futures += [batcher.submit(r, 10.0) for r in reqs[2:4]]
+    await turns()
+    assert sent == [1, 3]  # 3 waiting fill a call of split_items and a slot is free
+    futures += [batcher.submit(r, 10.0) for r in reqs[4:]]
+    await turns()
+    assert sent == [1, 3]  # both slots busy: the other 5 wait
+    gates[0].set()
+    await turns()
+    assert sent == [1, 3, 5]  # one slot freed: all 5 in it
+    gates[1].set()
+    gates[2].set()
+    await asyncio.wait_for(asyncio.gather(*futures), 10)
+    # With both slots free, 7 waiting jobs are spread as 4 + 3 (split_items 3).
+    more = [batcher.submit(r, 10.0) for r in reqs[:7]]
+    await turns()
+    assert sent[3:] == [4, 3]
+    for gate in gates[3:]:
+        gate.set()
+    await batcher.close()
+    assert [f.result().job_id for f in futures + more] == [str(i) for i in range(9)] + [
+        str(i) for i in range(7)
+    ]
 
 
 def test_thread_close_sends_what_is_still_gathering() -> None:
@@ -201,6 +295,8 @@ def test_batching_settings_are_checked() -> None:
         Batching(max_items=1001)
     with pytest.raises(ValueError, match="max_bytes"):
         Batching(max_bytes=8 * 1024 * 1024)
+    with pytest.raises(ValueError, match="split_items"):
+        Batching(max_items=100, split_items=101)
 
 
 def test_an_error_outcome_maps_to_the_client_error_type() -> None:

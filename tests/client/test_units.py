@@ -57,6 +57,11 @@ def test_durations_and_timestamps() -> None:
     assert from_timestamp(to_timestamp(moment)).tzinfo == UTC
     with pytest.raises(TypeError):
         to_duration("10s")  # type: ignore[arg-type]
+    # Whole seconds take a shortcut: the same message as through timedelta.
+    for seconds in (0, 1, 3600, -5, 10**9):
+        assert to_duration(seconds) == to_duration(timedelta(seconds=seconds))
+    with pytest.raises(TypeError):
+        to_duration(True)
 
 
 @pytest.mark.parametrize(

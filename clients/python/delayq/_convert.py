@@ -38,6 +38,8 @@ def to_timedelta(value: DurationLike) -> timedelta:
 
 def to_duration(value: DurationLike) -> duration_pb2.Duration:
     """timedelta (or seconds) -> google.protobuf.Duration."""
+    if type(value) is int:  # whole seconds (the usual delay): no timedelta, 4x cheaper
+        return duration_pb2.Duration(seconds=value)
     td = to_timedelta(value)
     micros = (td.days * 86400 + td.seconds) * 1_000_000 + td.microseconds
     seconds, rem = divmod(abs(micros), 1_000_000)
@@ -61,11 +63,12 @@ def to_timestamp(value: datetime) -> timestamp_pb2.Timestamp:
     return timestamp_pb2.Timestamp(seconds=seconds, nanos=rem * 1000)
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def from_timestamp(value: timestamp_pb2.Timestamp) -> datetime:
     """Timestamp -> aware UTC datetime."""
-    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(
-        seconds=value.seconds, microseconds=value.nanos // 1000
-    )
+    return _EPOCH + timedelta(seconds=value.seconds, microseconds=value.nanos // 1000)
 
 
 def _opt_timestamp(msg: Any, name: str) -> datetime | None:

@@ -53,7 +53,7 @@ class AsyncClient:
     and use ``async with``, or `await close()` (which sends what is gathering).
 
     `batching` is on by default: concurrent `enqueue` calls travel together in
-    one EnqueueBatch call, each still getting its own result or error. A call
+    EnqueueBatch calls, each still getting its own result or error. A call
     made while no batch call is in flight goes out after the current loop turn,
     so a lone caller waits no longer; see `delayq.Batching`. Pass
     ``batching=False`` for one Enqueue call per job.

@@ -58,7 +58,8 @@ end
 local now = now_ms(ARGV[2])
 local kept = {now}
 
-local was_empty = redis.call('LLEN', k_ready) == 0
+-- Read before the first LPUSH only: most calls store delayed jobs alone.
+local was_empty = nil
 local head_due = backlog_head(prefix, k_index)
 local pushed, earliest, stored, delayed = 0, nil, 0, 0
 local memo = {}  -- backlog_add's bucket of the last due time (includes/record.lua)
@@ -101,6 +102,7 @@ for i = 0, n - 1 do
     if due <= now then
       rec[R_STATE] = S_READY
       save(prefix, id, rec)
+      if was_empty == nil then was_empty = redis.call('LLEN', k_ready) == 0 end
       redis.call('LPUSH', k_ready, id)
       pushed = pushed + 1
     else
