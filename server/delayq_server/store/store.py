@@ -40,8 +40,10 @@ PROMOTE_LIMIT = 500
 REAP_LIMIT = 200
 # A claim costs about 10-15 µs of Redis time per job (record read and rewrite,
 # lease index): 500 per call held Redis 5-20 ms in a burst (bench-scale), 100
-# stays near 1.5 ms. A stream with more credit claims again in its next round.
-CLAIM_LIMIT = 100
+# stayed near 1.5 ms but reached 6.3 ms twice in the 1M burst beside a 10M
+# backlog; 50 keeps the slowest under 5 ms. A stream with more credit claims
+# again in its next round.
+CLAIM_LIMIT = 50
 # The same bound for scripts that take a caller's list of leases: an Ack or a
 # Release of 1,000 deliveries is several calls. 200 acks per call reached 5.4 ms of
 # Redis time in the 1M burst of bench-scale (10M backlog in place); 100 halves it.
