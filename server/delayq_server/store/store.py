@@ -477,19 +477,24 @@ class Store:
     ) -> list[int]:
         """Completes leases whose nonce is current; one AckOutcome code per lease."""
         retention = await self.completed_retention(keys)
-        codes: list[int] = []
-        for start in range(0, len(leases), ACK_CHUNK):
-            chunk = leases[start : start + ACK_CHUNK]
-            args: list[Any] = [
-                keys.prefix,
-                _now_arg(now_ms),
-                retention,
-                len(chunk),
-            ]
+
+        async def one(chunk: Sequence[LeaseRef]) -> list[int]:
+            args: list[Any] = [keys.prefix, _now_arg(now_ms), retention, len(chunk)]
             for lease in chunk:
                 args += [lease.job_id, lease.nonce]
             out = await self._run("ack", [keys.leased, keys.stats, keys.expiring, keys.done], args)
-            codes += [int(x) for x in out]
+            return [int(x) for x in out]
+
+        chunks = [leases[s : s + ACK_CHUNK] for s in range(0, len(leases), ACK_CHUNK)]
+        if len(chunks) > 1 and len({lease.job_id for lease in leases}) == len(leases):
+            # Distinct jobs: the chunks' outcomes do not depend on their order, so
+            # they go to Redis together (each call still bounded), not one round
+            # trip after another. A job named twice keeps first-listed-wins order.
+            parts = await asyncio.gather(*(one(c) for c in chunks))
+            return [code for part in parts for code in part]
+        codes: list[int] = []
+        for chunk in chunks:
+            codes += await one(chunk)
         return codes
 
     async def nack(
