@@ -11,9 +11,9 @@ import asyncio
 import itertools
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import msgpack
 from redis.commands.core import AsyncScript
@@ -54,6 +54,26 @@ EXPIRE_LIMIT = 200
 # around 2 ms (issue 11), at a few % of batched enqueue throughput.
 ENQUEUE_CHUNK = 100
 SCRIPTS_IN_FLIGHT = 48  # below the 64 connections per Redis node (redis_client.py)
+
+
+T = TypeVar("T")
+
+
+async def _in_chunks(
+    items: Sequence[Any],
+    size: int,
+    call: Callable[[Sequence[Any]], Awaitable[T]],
+    *,
+    together: bool,
+) -> list[T]:
+    """One bounded script call per ``size`` items, replies in item order. With
+    ``together`` (the calls' order cannot show) they go out at once: Redis still
+    runs them one at a time, each bounded, without a round trip of this process
+    between them; otherwise one after another."""
+    chunks = [items[s : s + size] for s in range(0, len(items), size)]
+    if together and len(chunks) > 1:
+        return list(await asyncio.gather(*(call(c) for c in chunks)))
+    return [await call(c) for c in chunks]
 
 
 def _order_free(jobs: Sequence[JobSpec]) -> bool:
@@ -353,29 +373,19 @@ class Store:
     ) -> tuple[list[EnqueueResult], int]:
         """Stores jobs of one shard; duplicates of an idempotency key store nothing.
 
-        At most ENQUEUE_CHUNK jobs per script call, one call after another, so
-        a 1,000-job batch never blocks Redis for long (DESIGN: bounded scripts).
+        At most ENQUEUE_CHUNK jobs per script call, so a 1,000-job batch never
+        blocks Redis for long (DESIGN: bounded scripts); the calls go out together
+        when their order cannot show (_order_free).
         """
         if not 0 < len(jobs) <= MAX_BATCH:
             raise ValueError(f"enqueue takes 1 to {MAX_BATCH} jobs per call")
-        results: list[EnqueueResult] = []
-        now = 0
-        starts = range(0, len(jobs), ENQUEUE_CHUNK)
-        if len(starts) > 1 and _order_free(jobs):
-            # Sent together: Redis runs them one after another all the same (each
-            # bounded), without a round trip of this process between them.
-            parts = await asyncio.gather(
-                *(self._enqueue_chunk(keys, jobs[s : s + ENQUEUE_CHUNK], now_ms) for s in starts)
-            )
-            for chunk, _ in parts:
-                results += chunk
-            return results, parts[-1][1]
-        for start in starts:
-            chunk, now = await self._enqueue_chunk(
-                keys, jobs[start : start + ENQUEUE_CHUNK], now_ms
-            )
-            results += chunk
-        return results, now
+        parts = await _in_chunks(
+            jobs,
+            ENQUEUE_CHUNK,
+            lambda chunk: self._enqueue_chunk(keys, chunk, now_ms),
+            together=len(jobs) > ENQUEUE_CHUNK and _order_free(jobs),
+        )
+        return [r for chunk, _ in parts for r in chunk], parts[-1][1]
 
     async def _enqueue_chunk(
         self, keys: ShardKeys, jobs: Sequence[JobSpec], now_ms: int | None
@@ -485,17 +495,11 @@ class Store:
             out = await self._run("ack", [keys.leased, keys.stats, keys.expiring, keys.done], args)
             return [int(x) for x in out]
 
-        chunks = [leases[s : s + ACK_CHUNK] for s in range(0, len(leases), ACK_CHUNK)]
-        if len(chunks) > 1 and len({lease.job_id for lease in leases}) == len(leases):
-            # Distinct jobs: the chunks' outcomes do not depend on their order, so
-            # they go to Redis together (each call still bounded), not one round
-            # trip after another. A job named twice keeps first-listed-wins order.
-            parts = await asyncio.gather(*(one(c) for c in chunks))
-            return [code for part in parts for code in part]
-        codes: list[int] = []
-        for chunk in chunks:
-            codes += await one(chunk)
-        return codes
+        # Distinct jobs: the outcomes do not depend on the order of the calls. A
+        # job named twice keeps first-listed-wins order.
+        distinct = len(leases) > ACK_CHUNK and len({x.job_id for x in leases}) == len(leases)
+        parts = await _in_chunks(leases, ACK_CHUNK, one, together=distinct)
+        return [code for part in parts for code in part]
 
     async def nack(
         self,

@@ -129,38 +129,39 @@ end
 -- Scores go as integer strings: Redis formats a Lua number with "%.17g".
 local function backlog_add(prefix, index, id, due, memo)
   local due_s = string.format('%d', due)
+  local start, bkey, n, uniform
   if memo and memo.due == due then
-    memo.n = memo.n + redis.call('ZADD', memo.bkey, due_s, id)
-    if memo.n > BUCKET_CAP and not memo.uniform then
-      -- Cannot split only while every job in it shares its start: later jobs
-      -- of the same due ms keep it so.
-      if bucket_split(prefix, index, memo.start, memo.bkey, memo.n, due) then
-        memo.due = nil
-      else
-        memo.uniform = true
+    start, bkey, uniform = memo.start, memo.bkey, memo.uniform
+    n = memo.n + redis.call('ZADD', bkey, due_s, id)
+  else
+    start = bucket_of(index, due)
+    if not start then
+      -- Due before every bucket: the first bucket moves its start down when it
+      -- has room (jobs enqueued in falling due order still share buckets).
+      start = due_s
+      local first = redis.call('ZRANGE', index, 0, 0)
+      if first[1] and redis.call('ZCARD', bucket_key(prefix, first[1])) < BUCKET_CAP then
+        redis.call('RENAME', bucket_key(prefix, first[1]), bucket_key(prefix, start))
+        redis.call('ZREM', index, first[1])
       end
+      redis.call('ZADD', index, due_s, start)
     end
-    return
+    bkey = bucket_key(prefix, start)
+    redis.call('ZADD', bkey, due_s, id)
+    n = redis.call('ZCARD', bkey)
+    uniform = false
   end
-  local start = bucket_of(index, due)
-  if not start then
-    -- Due before every bucket: the first bucket moves its start down when it
-    -- has room (jobs enqueued in falling due order still share buckets).
-    start = due_s
-    local first = redis.call('ZRANGE', index, 0, 0)
-    if first[1] and redis.call('ZCARD', bucket_key(prefix, first[1])) < BUCKET_CAP then
-      redis.call('RENAME', bucket_key(prefix, first[1]), bucket_key(prefix, start))
-      redis.call('ZREM', index, first[1])
-    end
-    redis.call('ZADD', index, due_s, start)
+  local split = false
+  -- A bucket that failed to split holds one due time only; more of that due
+  -- time keep it so, and are not probed again.
+  if n > BUCKET_CAP and not uniform then
+    split = bucket_split(prefix, index, start, bkey, n, due) or false
+    uniform = not split
   end
-  local bkey = bucket_key(prefix, start)
-  redis.call('ZADD', bkey, due_s, id)
-  local n = redis.call('ZCARD', bkey)
-  local split = n > BUCKET_CAP and bucket_split(prefix, index, start, bkey, n, due)
   if memo then
-    memo.due, memo.start, memo.bkey, memo.n = due, start, bkey, n
-    memo.uniform = n > BUCKET_CAP and not split
+    memo.start, memo.bkey, memo.n, memo.uniform = start, bkey, n, uniform
+    memo.due = due
+    -- After a split the bucket of `due` may be the new one: forget it.
     if split then memo.due = nil end
   end
 end
