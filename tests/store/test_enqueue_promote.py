@@ -9,7 +9,7 @@ import pytest
 
 from delayq_server.store import JobState, Store
 from delayq_server.store.jobs_admin import JobAdmin
-from tests.support.seed import T0, Shard, spec
+from tests.support.seed import T0, CallsAtOnce, Shard, spec
 
 
 async def test_delayed_job_goes_to_its_bucket_and_index(shard: Shard) -> None:
@@ -256,24 +256,10 @@ async def test_a_full_batch_is_stored_in_bounded_chunks(store: Store, shard: Sha
 
 
 async def _max_enqueue_calls_at_once(store: Store, shard: Shard, jobs: list[Any]) -> int:
-    active = peak = 0
-    run = store._run
-
-    async def counting_run(name: str, keys: Any, args: Any) -> Any:
-        nonlocal active, peak
-        if name != "enqueue":
-            return await run(name, keys, args)
-        active += 1
-        peak = max(peak, active)
-        try:
-            return await run(name, keys, args)
-        finally:
-            active -= 1
-
-    store._run = counting_run  # type: ignore[method-assign]
+    calls = CallsAtOnce(store, "enqueue")
     results, _ = await store.enqueue(shard.keys, jobs, T0)
     assert [r.job_id for r in results] == [j.job_id for j in jobs]
-    return peak
+    return calls.peak
 
 
 async def test_chunks_of_delayed_jobs_go_out_together(store: Store, shard: Shard) -> None:

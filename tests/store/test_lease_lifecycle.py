@@ -17,7 +17,7 @@ from delayq_server.store import (
     Store,
     UnknownJob,
 )
-from tests.support.seed import T0, Shard, spec
+from tests.support.seed import T0, CallsAtOnce, Shard, spec
 
 
 async def test_claim_leases_with_fresh_nonce_and_counts_the_attempt(
@@ -304,30 +304,16 @@ async def test_claims_acks_and_releases_are_bounded_per_script_call(
 async def test_ack_chunks_of_distinct_jobs_go_out_together(store: Store, shard: Shard) -> None:
     """An Ack of many leases is several bounded calls sent together; a request that
     names a job twice goes one call after another, and its first listing wins."""
-    active = peak = 0
-    run = store._run
-
-    async def counting_run(name: str, keys: Any, args: Any) -> Any:
-        nonlocal active, peak
-        if name != "ack":
-            return await run(name, keys, args)
-        active += 1
-        peak = max(peak, active)
-        try:
-            return await run(name, keys, args)
-        finally:
-            active -= 1
-
     await store.enqueue(shard.keys, [spec(delay_ms=0) for _ in range(400)], T0)
     claimed: list[Claimed] = []
     while len(claimed) < 400:
         claimed += await store.claim(shard.keys, 400, 30_000, "s.1.0.", T0)
     leases = [LeaseRef(c.job_id, c.nonce) for c in claimed]
-    store._run = counting_run  # type: ignore[method-assign]
+    calls = CallsAtOnce(store, "ack")
     assert await store.ack(shard.keys, leases[:300], T0) == [AckOutcome.ACKED] * 300
-    assert peak > 1
-    peak = 0
+    assert calls.peak > 1
+    calls = CallsAtOnce(store, "ack")
     twice = [*leases[300:], leases[300]]  # 100 leases, then the first again: 2 chunks
     out = await store.ack(shard.keys, twice, T0)
-    assert peak == 1
+    assert calls.peak == 1
     assert out[0] == AckOutcome.ACKED and out[-1] != AckOutcome.ACKED

@@ -106,3 +106,25 @@ class Shard:
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+class CallsAtOnce:
+    """Wraps a store's script runner to count how many calls of one script are in
+    flight at once (``peak``): whether bounded chunks go out together."""
+
+    def __init__(self, store: Store, name: str) -> None:
+        self.peak = 0
+        self._active = 0
+        self._name = name
+        self._run = store._run
+        store._run = self._counting  # type: ignore[method-assign]
+
+    async def _counting(self, name: str, keys: Any, args: Any) -> Any:
+        if name != self._name:
+            return await self._run(name, keys, args)
+        self._active += 1
+        self.peak = max(self.peak, self._active)
+        try:
+            return await self._run(name, keys, args)
+        finally:
+            self._active -= 1
