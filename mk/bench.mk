@@ -91,3 +91,8 @@ bench-push: deps
 .PHONY: bench-unary
 bench-unary: deps
 	$(PY) -m bench.unary_latency $(BENCH_ARGS)
+
+# Issue 12: client CPU per Redis script call through redis-py's pools and QuickPool.
+.PHONY: bench-pool
+bench-pool: deps
+	$(PY) -m bench.redis_pool $(BENCH_ARGS)

@@ -86,20 +86,29 @@ async def enqueue_batched(
     await asyncio.gather(*(one(i) for i in range(0, len(requests), batch_size)))
 
 
-async def enqueue_client(target: str, jobs: int, *, concurrency: int, delay_s: float) -> None:
+async def open_client(target: str) -> AsyncClient:
+    """An AsyncClient whose channel is connected, as BullMQ's runner awaits
+    `queue.waitUntilReady()` before its clock starts."""
+    client = AsyncClient(target)
+    await client._channel.channel_ready()
+    return client
+
+
+async def enqueue_client(
+    client: AsyncClient, jobs: int, *, concurrency: int, delay_s: float
+) -> None:
     """`concurrency` callers of the Python AsyncClient's enqueue (client-side batching on)."""
     next_index = 0
     progress = Progress("delayq enqueue (AsyncClient.enqueue)", jobs)
-    async with AsyncClient(target) as client:
 
-        async def caller() -> None:
-            nonlocal next_index
-            while next_index < jobs:
-                next_index += 1
-                await client.enqueue(QUEUE, PAYLOAD_BYTES, delay=delay_s)
-                progress.update(next_index)
+    async def caller() -> None:
+        nonlocal next_index
+        while next_index < jobs:
+            next_index += 1
+            await client.enqueue(QUEUE, PAYLOAD_BYTES, delay=delay_s)
+            progress.update(next_index)
 
-        await asyncio.gather(*(caller() for _ in range(concurrency)))
+    await asyncio.gather(*(caller() for _ in range(concurrency)))
 
 
 async def enqueue_latency(stub: Stub, jobs: int, *, delay_s: float) -> list[float]:
@@ -208,6 +217,12 @@ def delays(p: dict[str, Any]) -> list[float]:
 async def scenario_enqueue(stub: Stub, p: dict[str, Any], target: str) -> dict[str, Any]:
     jobs = int(p["jobs"])
     delay_s = float(p.get("delay_s", 3600))
+    if p["mode"] == "single":
+        async with await open_client(target) as client:
+            start = time.perf_counter()
+            await enqueue_client(client, jobs, concurrency=int(p["concurrency"]), delay_s=delay_s)
+            seconds = time.perf_counter() - start
+        return {"jobs": jobs, "seconds": seconds, "rate": jobs / seconds}
     start = time.perf_counter()
     if p["mode"] == "latency":
         lat = await enqueue_latency(stub, jobs, delay_s=delay_s)
@@ -218,9 +233,7 @@ async def scenario_enqueue(stub: Stub, p: dict[str, Any], target: str) -> dict[s
             "rate": jobs / seconds,
             "p50_ms": statistics.median(lat),
         }
-    if p["mode"] == "single":
-        await enqueue_client(target, jobs, concurrency=int(p["concurrency"]), delay_s=delay_s)
-    elif p["mode"] == "unary":
+    if p["mode"] == "unary":
         await enqueue_single(stub, jobs, concurrency=int(p["concurrency"]), delay_s=delay_s)
     else:
         progress = Progress("delayq enqueue (batched)", jobs)

@@ -8,6 +8,8 @@ script by its first key. Every script's keys share one shard's hash tag
 
 from __future__ import annotations
 
+from typing import Any
+
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
@@ -27,6 +29,53 @@ BACKOFF_CAP_S = 1.0
 CONNECT_TIMEOUT_S = 2.0
 # A re-sent script must still find its first run's reply (store/scripts.py).
 assert RETRIES * (BACKOFF_CAP_S + CONNECT_TIMEOUT_S) * 1000 < REPLAY_TTL_MS / 2
+
+
+class QuickPool(aioredis.BlockingConnectionPool):
+    """A BlockingConnectionPool whose uncontended take and release are plain list moves.
+
+    redis-py's blocking pool spends ~25-50 us of CPU per command on its condition,
+    timeout, deprecation-argument wrapper, liveness probe (a socket read) and
+    metric recording (issue 12: measured with bench/redis_pool.py, about a third of
+    a script call's client CPU). Here a free connection is taken and given back
+    without them while nobody waits; once the pool is exhausted every caller goes
+    through the blocking pool as before, and a release wakes them. The probe is
+    not needed: redis-py disconnects a connection whose command was interrupted
+    (read_response on any BaseException), and a connection Redis closed fails its
+    next command, which the client's retry policy re-sends on a new connection
+    (scripts are replay-safe: docs/decisions.md, "Lost replies").
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._waiting = 0  # callers inside the blocking pool's get_connection
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        if self._available_connections and not self._waiting and not self._in_maintenance:
+            connection = self._available_connections.pop()
+            self._in_use_connections.add(connection)
+            if connection.is_connected:
+                return connection
+            try:  # dropped by a health check or a failed command: connect again
+                await connection.connect()  # type: ignore[no-untyped-call]
+            except BaseException:
+                await self.release(connection)
+                raise
+            return connection
+        self._waiting += 1
+        try:
+            return await super().get_connection()  # type: ignore[no-untyped-call]
+        finally:
+            self._waiting -= 1
+
+    async def release(self, connection: Any) -> None:
+        if self._waiting or self._in_maintenance:
+            await super().release(connection)  # notifies a waiter
+            return
+        self._in_use_connections.remove(connection)
+        if connection.should_reconnect():
+            await connection.disconnect()
+        self._available_connections.append(connection)
 
 
 def is_cluster(url: str) -> bool:
@@ -55,7 +104,7 @@ def connect(url: str) -> RedisClient:
             retry=retry,
             retry_on_error=retry_on,
         )
-    pool = aioredis.BlockingConnectionPool.from_url(
+    pool = QuickPool.from_url(
         url,
         max_connections=POOL_SIZE,
         timeout=10,

@@ -1,0 +1,136 @@
+"""The server's Redis connection pool (delayq_server/redis_client.py, QuickPool).
+
+The quick path must keep what BlockingConnectionPool promises: callers beyond
+the pool's size wait for a connection instead of failing, every waiter is woken
+by a release, and a connection Redis closed is replaced, all against the real
+redis-server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from delayq_server.redis_client import QuickPool, connect
+
+
+async def test_the_server_client_uses_the_quick_pool(redis_url: str) -> None:
+    client = connect(redis_url)
+    try:
+        assert isinstance(client, aioredis.Redis)
+        assert isinstance(client.connection_pool, QuickPool)
+        assert await client.ping()
+    finally:
+        await client.aclose()
+
+
+async def test_an_uncontended_call_skips_the_condition(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The quick path takes a free connection without the pool's condition: the
+    blocking pool's get_connection (condition, timeout, liveness probe) never runs."""
+    pool = QuickPool.from_url(redis_url, max_connections=4, timeout=5)
+    client = aioredis.Redis.from_pool(pool)
+    slow = {"get": 0, "release": 0}
+    blocking_get = aioredis.BlockingConnectionPool.get_connection
+    blocking_release = aioredis.BlockingConnectionPool.release
+
+    async def counting_get(self: aioredis.BlockingConnectionPool) -> Any:
+        slow["get"] += 1
+        return await blocking_get(self)  # type: ignore[no-untyped-call]
+
+    async def counting_release(self: aioredis.BlockingConnectionPool, conn: Any) -> None:
+        slow["release"] += 1
+        await blocking_release(self, conn)
+
+    monkeypatch.setattr(aioredis.BlockingConnectionPool, "get_connection", counting_get)
+    monkeypatch.setattr(aioredis.BlockingConnectionPool, "release", counting_release)
+    try:
+        await client.ping()  # the first call makes the connection (slow path)
+        first = dict(slow)
+        for _ in range(50):
+            await client.ping()
+        assert slow == first
+    finally:
+        await client.aclose()
+
+
+async def test_callers_beyond_the_pool_wait_and_all_finish(redis_url: str) -> None:
+    """200 concurrent blocking calls through 3 connections: every one is answered,
+    none fails with "No connection available" or "Too many connections"."""
+    pool = QuickPool.from_url(redis_url, max_connections=3, timeout=20)
+    client = aioredis.Redis.from_pool(pool)
+    try:
+        # BLPOP with a short timeout holds its connection inside Redis.
+        results = await asyncio.gather(
+            *(client.blpop([f"pool-test-{i}"], timeout=0.05) for i in range(200))
+        )
+        assert results == [None] * 200
+        assert len(pool._in_use_connections) == 0
+        assert len(pool._available_connections) <= 3
+    finally:
+        await client.aclose()
+
+
+async def test_a_waiter_is_woken_by_a_quick_release(redis_url: str) -> None:
+    """One connection, one holder, one waiter: the holder's release wakes the waiter
+    at once (it would otherwise sit out the pool's 20 s timeout)."""
+    pool = QuickPool.from_url(redis_url, max_connections=1, timeout=20)
+    client = aioredis.Redis.from_pool(pool)
+    try:
+        await client.ping()
+        held = await pool.get_connection()
+        waiter = asyncio.ensure_future(client.ping())
+        for _ in range(100):  # event-loop turns until the waiter queues in the slow path
+            if pool._waiting:
+                break
+            await asyncio.sleep(0)
+        assert pool._waiting == 1
+        await pool.release(held)
+        assert await asyncio.wait_for(waiter, 10)
+    finally:
+        await client.aclose()
+
+
+async def test_a_connection_redis_closed_is_replaced(redis_url: str) -> None:
+    """CLIENT KILL closes the pooled connection inside Redis; the next call is answered
+    (the retry policy reconnects) rather than failing."""
+    client = connect(redis_url)
+    try:
+        await client.client_setname("quick-pool-victim")
+        victim = next(
+            c["id"] for c in await client.client_list() if c["name"] == "quick-pool-victim"
+        )
+        killer = aioredis.Redis.from_url(redis_url)
+        try:
+            await killer.client_kill_filter(_id=victim)
+        finally:
+            await killer.aclose()
+        assert await client.ping()
+        assert await client.set("pool-test-after-kill", b"1")
+        assert await client.get("pool-test-after-kill") == b"1"
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.parametrize("size", [1, 4])
+async def test_cancelled_calls_leave_no_reply_behind(redis_url: str, size: int) -> None:
+    """A call cancelled while Redis is answering must not leave its reply on a pooled
+    connection for the next caller to read (redis-py disconnects on cancellation)."""
+    pool = QuickPool.from_url(redis_url, max_connections=size, timeout=20)
+    client = aioredis.Redis.from_pool(pool)
+    try:
+        await client.delete("pool-test-list")
+        for i in range(20):
+            task = asyncio.ensure_future(client.blpop(["pool-test-list"], timeout=0.2))
+            await asyncio.sleep(0.01)
+            task.cancel()
+            await client.rpush("pool-test-list", f"v{i}")
+            # The next call reads its own reply, never the cancelled BLPOP's.
+            assert await client.lpop("pool-test-list") in (f"v{i}".encode(), None)
+            assert await client.echo(f"e{i}") == f"e{i}".encode()
+    finally:
+        await client.aclose()
