@@ -34,12 +34,12 @@ assert RETRIES * (BACKOFF_CAP_S + CONNECT_TIMEOUT_S) * 1000 < REPLAY_TTL_MS / 2
 class QuickPool(aioredis.BlockingConnectionPool):
     """A BlockingConnectionPool whose uncontended take and release are plain list moves.
 
-    redis-py's blocking pool spends ~25-50 us of CPU per command on its condition,
+    redis-py's blocking pool spends ~18-40 us of CPU per command on its condition,
     timeout, deprecation-argument wrapper, liveness probe (a socket read) and
-    metric recording (issue 12: measured with bench/redis_pool.py, about a third of
-    a script call's client CPU). Here a free connection is taken and given back
-    without them while nobody waits; once the pool is exhausted every caller goes
-    through the blocking pool as before, and a release wakes them. The probe is
+    metric recording (issue 12: `make bench-pool`, 103 -> 85 us of client CPU per
+    script call). Here a free connection is taken and given back without them
+    while nobody waits; once the pool is exhausted every caller goes through the
+    blocking pool as before, and a release wakes them. The probe is
     not needed: redis-py disconnects a connection whose command was interrupted
     (read_response on any BaseException), and a connection Redis closed fails its
     next command, which the client's retry policy re-sends on a new connection
@@ -52,15 +52,10 @@ class QuickPool(aioredis.BlockingConnectionPool):
 
     async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
         if self._available_connections and not self._waiting and not self._in_maintenance:
+            # A connection given back disconnected connects on its next command
+            # (redis-py's send_packed_command), so none is checked here.
             connection = self._available_connections.pop()
             self._in_use_connections.add(connection)
-            if connection.is_connected:
-                return connection
-            try:  # dropped by a health check or a failed command: connect again
-                await connection.connect()  # type: ignore[no-untyped-call]
-            except BaseException:
-                await self.release(connection)
-                raise
             return connection
         self._waiting += 1
         try:

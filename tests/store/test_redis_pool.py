@@ -134,3 +134,21 @@ async def test_cancelled_calls_leave_no_reply_behind(redis_url: str, size: int) 
             assert await client.echo(f"e{i}") == f"e{i}".encode()
     finally:
         await client.aclose()
+
+
+async def test_a_disconnected_connection_in_the_pool_connects_again(redis_url: str) -> None:
+    """A connection given back disconnected (its command failed for good) is handed
+    out again and connects on its next command; the pool does not grow for it."""
+    pool = QuickPool.from_url(redis_url, max_connections=1, timeout=5)
+    client = aioredis.Redis.from_pool(pool)
+    try:
+        await client.ping()
+        conn = await pool.get_connection()
+        await conn.disconnect()
+        await pool.release(conn)
+        assert not conn.is_connected
+        assert await client.ping()
+        assert conn.is_connected  # the same, only connection, connected again
+        assert len(pool._available_connections) == 1 and not pool._in_use_connections
+    finally:
+        await client.aclose()

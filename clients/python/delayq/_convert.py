@@ -27,6 +27,9 @@ _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def to_timedelta(value: DurationLike) -> timedelta:
     """Accept a timedelta or a number of seconds."""
     if isinstance(value, timedelta):
@@ -57,13 +60,10 @@ def to_timestamp(value: datetime) -> timestamp_pb2.Timestamp:
     if not isinstance(value, datetime):
         raise TypeError(f"expected datetime, got {type(value).__name__}")
     aware = value if value.tzinfo is not None else value.astimezone()
-    delta = aware - datetime(1970, 1, 1, tzinfo=UTC)
+    delta = aware - _EPOCH
     micros = (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
     seconds, rem = divmod(micros, 1_000_000)
     return timestamp_pb2.Timestamp(seconds=seconds, nanos=rem * 1000)
-
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def from_timestamp(value: timestamp_pb2.Timestamp) -> datetime:
