@@ -21,17 +21,24 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import asdict
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import grpc
 import redis
 
-from bench.harness.common import due_times_ms
+from bench.harness.common import QUEUE, due_times_ms
 from bench.harness.delayq_runner import CHANNEL_OPTIONS, Consumer, _request, enqueue_batched
 from bench.harness.profiles import TICK, cpu_ticks, summarize
+from bench.timer_floor import Rates, floor
+from delayq import Delivery, Worker
 from delayq.v1 import job_pb2, service_pb2_grpc
 from tests.support.servers import DelayqProcess, ManagedRedis
+
+WORKER_CONCURRENCY = 100  # --consumer worker: enough slots that credit never limits
 
 
 def _commands(url: str) -> dict[str, int]:
@@ -43,7 +50,49 @@ def _commands(url: str) -> dict[str, int]:
     return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
 
 
-async def drive(target: str, rate: float, seconds: float, lead_s: float, ack: bool) -> list[float]:
+class _CountingWorker(Worker):
+    """The Python client's Worker, counting its Ack calls (what the server handles)."""
+
+    ack_calls = 0
+
+    async def _send_acks(self, batch: list[str]) -> None:
+        self.ack_calls += 1
+        await super()._send_acks(batch)
+
+
+async def _run_worker(
+    target: str, jobs: int, ack_linger_ms: float, on_due_ns: Callable[[int], None]
+) -> int:
+    """Consumes `jobs` deliveries with the Python Worker (an async handler that only
+    notes its lateness); returns its Ack calls."""
+    worker = _CountingWorker(
+        target,
+        concurrency=WORKER_CONCURRENCY,
+        grace=timedelta(seconds=5),
+        ack_linger=timedelta(milliseconds=ack_linger_ms),
+    )
+    seen = 0
+
+    @worker.handler(QUEUE)
+    async def handle(d: Delivery) -> None:
+        nonlocal seen
+        assert d.job.due_time is not None
+        on_due_ns(int(d.job.due_time.timestamp() * 1_000_000) * 1000)
+        seen += 1
+        if seen >= jobs:
+            worker.stop()
+
+    await worker.serve()
+    return worker.ack_calls
+
+
+async def drive(
+    target: str, rate: float, seconds: float, lead_s: float, ack: bool, args: argparse.Namespace
+) -> tuple[list[float], dict[str, int]]:
+    """Lateness of every job, and what the server handled: stream messages and Ack
+    calls, with their bytes (bench/timer_floor.py replays those rates). With
+    `--consumer worker` the Python client's Worker consumes instead of the
+    benchmark's stream reader; its stream messages are not counted."""
     jobs = int(rate * seconds)
     due_ms = due_times_ms(lead_s, jobs, rate)
     lateness: list[float] = []
@@ -66,17 +115,31 @@ async def drive(target: str, rate: float, seconds: float, lead_s: float, ack: bo
         )
         if time.time() * 1000 > due_ms[0]:
             raise SystemExit("enqueueing took longer than the lead: raise --lead")
-        if ack:
+        if args.consumer == "worker":
+
+            def on_due_ns(due_ns: int) -> None:
+                lateness.append((time.time_ns() - due_ns) / 1e6)
+
+            consumer.ack_calls = await _run_worker(target, jobs, args.ack_linger_ms, on_due_ns)
+        elif ack:
             await consumer.run(on_delivery, jobs)
         else:
             call = stub.Consume(consumer.request)
             async for resp in call:
                 for delivery in resp.deliveries:
                     on_delivery(delivery)
+                consumer.messages += 1
+                consumer.message_bytes += resp.ByteSize()
                 if len(lateness) >= jobs:
                     break
             call.cancel()
-    return lateness
+    handled = {
+        "messages": consumer.messages,
+        "message_bytes": consumer.message_bytes,
+        "ack_calls": consumer.ack_calls,
+        "ack_bytes": consumer.ack_bytes,
+    }
+    return lateness, handled
 
 
 def _spy(pid: int, out: str) -> subprocess.Popen[bytes]:
@@ -108,22 +171,38 @@ def measure(args: argparse.Namespace, server_tree: str = "") -> dict[str, Any]:
         pid = server.proc.pid
         marks: dict[str, Any] = {}
 
-        async def run() -> list[float]:
+        async def run() -> tuple[list[float], dict[str, int]]:
+            addr = server.address
             task = asyncio.create_task(
-                drive(server.address, args.rate, args.seconds, args.lead, not args.no_ack)
+                drive(addr, args.rate, args.seconds, args.lead, not args.no_ack, args)
             )
             # The window opens `lead` s after the due times were drawn: sample
             # CPU and Redis calls from then until the last job arrived.
             await asyncio.sleep(args.lead)
             marks["cpu0"], marks["cmd0"] = cpu_ticks(pid), _commands(rds.url)
+            marks["t0"] = time.monotonic()
             spy = await asyncio.to_thread(_spy, pid, args.profile) if args.profile else None
             out = await task
             if spy is not None:
                 await asyncio.to_thread(_spy_done, spy, args.profile)
             marks["cpu1"], marks["cmd1"] = cpu_ticks(pid), _commands(rds.url)
+            marks["t1"] = time.monotonic()
             return out
 
-        lateness = asyncio.run(run())
+        lateness, handled = asyncio.run(run())
+        window_s = marks["t1"] - marks["t0"]
+        scripts = marks["cmd1"].get("evalsha", 0) - marks["cmd0"].get("evalsha", 0)
+        msgs = max(1, handled["messages"])
+        rates = Rates(
+            messages=handled["messages"] / window_s,
+            scripts=max(0, scripts - handled["ack_calls"]) / window_s,
+            acks=handled["ack_calls"] / window_s,
+            message_bytes=handled["message_bytes"] // msgs,
+            ack_bytes=handled["ack_bytes"] // max(1, handled["ack_calls"]),
+            reply_bytes=handled["message_bytes"] // msgs,
+        )
+        # The same events against a bare grpc.aio server, on the same Redis.
+        floor_cpu_s = floor(rds.url, rates) if args.floor and handled["messages"] else None
     cpu_s = (marks["cpu1"] - marks["cpu0"]) / TICK
     calls = {
         k: (v - marks["cmd0"].get(k, 0)) / jobs
@@ -143,6 +222,9 @@ def measure(args: argparse.Namespace, server_tree: str = "") -> dict[str, Any]:
         "redis_calls_per_job": {k: round(v, 3) for k, v in sorted(calls.items())},
         "acks": not args.no_ack,
         "worst": sorted(lateness, reverse=True)[:5],
+        "rates": asdict(rates),
+        # CPU s per s of the bare server, as s per 1,000 jobs at this run's rate
+        "floor_cpu_s_per_1k": floor_cpu_s / (jobs / window_s) * 1000 if floor_cpu_s else None,
         "late_runs": _late_runs(lateness),
     }
 
@@ -197,6 +279,25 @@ def main() -> None:
         help="another checkout (e.g. a worktree of main): its server and this one take turns",
     )
     parser.add_argument("--rounds", type=int, default=3, help="turns each with --compare")
+    parser.add_argument(
+        "--consumer",
+        choices=("stream", "worker"),
+        default="stream",
+        help="stream: the benchmark's reader (acks gathered 10 ms); worker: the Python "
+        f"client's Worker (async handler, concurrency {WORKER_CONCURRENCY})",
+    )
+    parser.add_argument(
+        "--ack-linger-ms",
+        type=float,
+        default=10.0,
+        help="--consumer worker: the Worker's ack_linger (0: each ack at once)",
+    )
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="also replay the run's stream messages, script calls and Ack calls per s "
+        "against a bare grpc.aio server (bench/timer_floor.py) and print its CPU",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.compare:
@@ -214,6 +315,17 @@ def main() -> None:
     )
     print(f"Redis calls per job: {r['redis_calls_per_job']}")
     print(f"worst: {r['worst']}, episodes over 5 ms: {r['late_runs']}")
+    rt = r["rates"]
+    print(
+        f"server handled per s: {rt['messages']:.0f} stream messages of {rt['message_bytes']} B, "
+        f"{rt['scripts']:.0f} script calls besides acks, {rt['acks']:.0f} Ack calls"
+    )
+    if r["floor_cpu_s_per_1k"] is not None:
+        print(
+            f"floor (bare grpc.aio + redis-py, same events per s): "
+            f"{r['floor_cpu_s_per_1k']:.3f} s per 1,000 jobs; delayq "
+            f"{r['server_cpu_s_per_1k'] / r['floor_cpu_s_per_1k']:.2f}x the floor"
+        )
 
 
 if __name__ == "__main__":

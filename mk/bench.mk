@@ -71,7 +71,8 @@ bench-memory: deps
 	$(PY) -m bench.memory_breakdown $(BENCH_ARGS)
 
 # Issue 12: server CPU s per 1,000 jobs at 1,000 due jobs/s, with the consumer's lateness
-# (bench/timer_cpu.py; BENCH_ARGS="--compare ../other-checkout --rounds 3" for an A/B).
+# (bench/timer_cpu.py; BENCH_ARGS="--compare ../other-checkout --rounds 3" for an A/B,
+# "--floor" for a bare grpc.aio server's CPU at the same events per s, bench/timer_floor.py).
 .PHONY: bench-timers
 bench-timers: bench-deps
 	$(PY) -m bench.timer_cpu $(BENCH_ARGS)

@@ -348,3 +348,79 @@ async def test_a_transport_blip_mid_handler(target: str, grace: float) -> None:
                 assert runs == [1, 2] and worker.stats.ack_stale == 1
     finally:
         await proxy.close()
+
+
+class _AckCounting(Worker):
+    """A Worker that records the size of every Ack call it makes."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.ack_call_sizes: list[int] = []
+
+    async def _send_acks(self, batch: list[str]) -> None:
+        self.ack_call_sizes.append(len(batch))
+        await super()._send_acks(batch)
+
+
+async def test_acks_gather_for_the_linger_into_one_call(target: str) -> None:
+    """20 jobs handled together are acked in one call, not one call per job."""
+    async with AsyncClient(target) as client:
+        await client.enqueue_many("linger", [f"j{i}" for i in range(20)])
+        worker = _AckCounting(target, concurrency=50, ack_linger=timedelta(milliseconds=300))
+        go = asyncio.Event()
+        handled: list[str] = []
+
+        @worker.handler("linger")
+        async def handle(d: Delivery) -> None:
+            handled.append(d.id)
+            await go.wait()  # all 20 finish at once, after all were received
+
+        async with running(worker):
+            await eventually(lambda: len(handled) == 20)
+            go.set()
+            await eventually(lambda: worker.stats.acked == 20)
+        assert worker.ack_call_sizes == [20]
+        assert (await client.stats("linger")).acked_total == 20
+
+
+async def test_a_worker_without_credit_acks_at_once(target: str) -> None:
+    """With concurrency 1 the next delivery waits for the ack: no linger then (an
+    hour's linger would stop the worker after its first job)."""
+    async with AsyncClient(target) as client:
+        await client.enqueue_many("starved", [f"j{i}" for i in range(5)])
+        worker = _AckCounting(target, concurrency=1, ack_linger=timedelta(hours=1))
+        handled: list[str] = []
+
+        @worker.handler("starved")
+        async def handle(d: Delivery) -> None:
+            handled.append(d.id)
+
+        async with running(worker):
+            await eventually(lambda: worker.stats.acked == 5)
+        assert worker.ack_call_sizes == [1] * 5
+        assert (await client.stats("starved")).acked_total == 5
+
+
+async def test_shutdown_sends_lingering_acks_at_once(target: str) -> None:
+    """Acks still lingering when the worker stops are sent before it exits."""
+    async with AsyncClient(target) as client:
+        await client.enqueue_many("flush", [f"j{i}" for i in range(3)])
+        worker = _AckCounting(target, concurrency=10, ack_linger=timedelta(hours=1))
+
+        @worker.handler("flush")
+        async def handle(d: Delivery) -> None:
+            pass
+
+        task = asyncio.create_task(worker.serve())
+        await eventually(lambda: worker.stats.succeeded == 3)
+        assert worker.stats.acked == 0  # lingering
+        worker.stop()
+        await asyncio.wait_for(task, 30)
+        assert worker.stats.acked == 3
+        assert sum(worker.ack_call_sizes) == 3
+        assert (await client.stats("flush")).acked_total == 3
+
+
+def test_ack_linger_must_not_be_negative() -> None:
+    with pytest.raises(ValueError, match="ack_linger must not be negative"):
+        Worker("127.0.0.1:1", ack_linger=timedelta(milliseconds=-1))

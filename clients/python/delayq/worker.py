@@ -93,8 +93,10 @@ class Worker:
 
     At most `concurrency` jobs run at once; `prefetch` more may wait leased
     (the stream's `max_outstanding` is their sum). Leases are `lease` long and
-    extended while a handler runs past half of it. Acks are batched: tokens
-    finished while an Ack call is in flight go out together in the next one.
+    extended while a handler runs past half of it. Acks are batched: they gather
+    for up to `ack_linger` (10 ms; 0 sends at once) and tokens finished while
+    an Ack call is in flight go out together in the next one; a worker whose
+    stream credit is used up sends at once.
 
     Deliveries the worker received but did not start are given back with
     Release, so their attempts are not counted (shutdown, a broken stream).
@@ -125,6 +127,7 @@ class Worker:
         max_batch: int = 0,
         ack_batch: int = 1000,
         ack_concurrency: int = 2,
+        ack_linger: DurationLike = timedelta(milliseconds=10),
         serializer: Serializer | None = None,
         reconnect_backoff: Backoff | None = None,
         credentials: grpc.ChannelCredentials | None = None,
@@ -153,6 +156,10 @@ class Worker:
         self.max_batch = max_batch
         self.ack_batch = max(1, min(ack_batch, 1000))
         self.ack_concurrency = max(1, ack_concurrency)
+        ack_linger_td = _convert.to_timedelta(ack_linger)
+        if ack_linger_td < timedelta(0):
+            raise ValueError("ack_linger must not be negative")
+        self.ack_linger = ack_linger_td
         self.stats = WorkerStats()
         self._serializer = serializer
         self._reconnect_backoff = reconnect_backoff or Backoff(initial=0.1, maximum=5.0)
@@ -239,6 +246,9 @@ class Worker:
         self._inflight: dict[str, _Inflight] = {}
         self._ack_pending: list[str] = []
         self._ack_calls = 0
+        self._ack_sending = 0  # tokens in Ack calls under way
+        self._acks_due = False  # the pending tokens lingered long enough: send them
+        self._ack_timer: asyncio.TimerHandle | None = None
         self._acks_drained = asyncio.Event()
         self._acks_drained.set()
         self._renew_heap: list[tuple[float, str]] = []
@@ -295,6 +305,7 @@ class Worker:
         # 3. Flush acks (without a release grace: while the stream is still open,
         # since closing it releases every lease at once).
         remaining = max(deadline - time.monotonic(), 2.0)
+        self._flush_acks()  # no linger on the way out
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._acks_drained.wait(), remaining)
         unfinished = [f for f in self._inflight.values() if f.task is None or not f.task.done()]
@@ -507,20 +518,48 @@ class Worker:
     # -- acks -------------------------------------------------------------------------
 
     def _queue_ack(self, token: str) -> None:
+        """Acks gather for up to `ack_linger` and go in one call: at 1,000 jobs/s a
+        call per job costs the server a unary call each (about 1 ms of its CPU,
+        docs/decisions.md). No linger when this worker has no stream credit left
+        (its next delivery waits for these acks), when a call would be full, or
+        while stopping."""
+        assert self._stopping is not None
         self._ack_pending.append(token)
         self._acks_drained.clear()
+        # The token's job is still listed in _inflight here (dropped right after).
+        held = len(self._inflight) - 1 + len(self._ack_pending) + self._ack_sending
+        if (
+            self.ack_linger <= timedelta(0)
+            or len(self._ack_pending) >= self.ack_batch
+            or held >= self.concurrency + self.prefetch
+            or self._stopping.is_set()
+        ):
+            self._flush_acks()
+        elif self._ack_timer is None and not self._acks_due:
+            loop = asyncio.get_running_loop()
+            self._ack_timer = loop.call_later(self.ack_linger.total_seconds(), self._flush_acks)
+
+    def _flush_acks(self) -> None:
+        """The pending tokens are due: they go out as Ack call slots free up."""
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
+            self._ack_timer = None
+        self._acks_due = True
         self._kick_acks()
 
     def _kick_acks(self) -> None:
-        while self._ack_pending and self._ack_calls < self.ack_concurrency:
+        while self._ack_pending and self._acks_due and self._ack_calls < self.ack_concurrency:
             batch = self._ack_pending[: self.ack_batch]
             del self._ack_pending[: self.ack_batch]
             self._ack_calls += 1
+            self._ack_sending += len(batch)
             task = asyncio.create_task(self._send_acks(batch))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
-        if not self._ack_pending and self._ack_calls == 0:
-            self._acks_drained.set()
+        if not self._ack_pending:
+            self._acks_due = False  # the next token starts a new linger
+            if self._ack_calls == 0:
+                self._acks_drained.set()
 
     async def _send_acks(self, batch: list[str]) -> None:
         try:
@@ -532,6 +571,7 @@ class Worker:
             return
         finally:
             self._ack_calls -= 1
+            self._ack_sending -= len(batch)
             self._kick_acks()
         for token, result in zip(batch, results, strict=False):
             if result == AckOutcome.ACKED:
