@@ -32,6 +32,9 @@ type fakeServer struct {
 	events    chan string             // "ack:<tok>", "nack:<tok>", "extend:<tok>", "stream-closed"
 	mu        sync.Mutex
 	acks      []string
+	ackCalls  [][]string                          // tokens of each Ack call, in arrival order
+	ackResult func(tok string) delayqv1.AckResult // nil: every token ACKED
+	ackGate   chan struct{}                       // not nil: Ack calls wait until it is closed
 	nacks     []*delayqv1.NackRequest
 	extendErr error
 	consumes  []*delayqv1.ConsumeRequest
@@ -57,10 +60,18 @@ func (f *fakeServer) Consume(req *delayqv1.ConsumeRequest, stream delayqv1.Delay
 func (f *fakeServer) Ack(_ context.Context, req *delayqv1.AckRequest) (*delayqv1.AckResponse, error) {
 	f.mu.Lock()
 	f.acks = append(f.acks, req.GetLeaseTokens()...)
+	f.ackCalls = append(f.ackCalls, req.GetLeaseTokens())
+	result, gate := f.ackResult, f.ackGate
 	f.mu.Unlock()
+	if gate != nil {
+		<-gate
+	}
 	res := make([]delayqv1.AckResult, len(req.GetLeaseTokens()))
 	for i, tok := range req.GetLeaseTokens() {
 		res[i] = delayqv1.AckResult_ACK_RESULT_ACKED
+		if result != nil {
+			res[i] = result(tok)
+		}
 		f.events <- "ack:" + tok
 	}
 	return &delayqv1.AckResponse{Results: res}, nil
@@ -98,7 +109,7 @@ func startFake(t *testing.T) (*fakeServer, *Client) {
 	t.Helper()
 	lis := bufconn.Listen(1 << 20)
 	srv := grpc.NewServer()
-	f := &fakeServer{send: make(chan *delayqv1.Delivery), events: make(chan string, 64)}
+	f := &fakeServer{send: make(chan *delayqv1.Delivery), events: make(chan string, 4096)}
 	delayqv1.RegisterDelayQueueServiceServer(srv, f)
 	go func() { _ = srv.Serve(lis) }()
 	t.Cleanup(srv.Stop)

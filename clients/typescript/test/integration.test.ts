@@ -5,9 +5,18 @@ import { test } from "node:test";
 
 import { ConnectError, Code } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
+import { isMessage } from "@bufbuild/protobuf";
 import { timestampMs } from "@bufbuild/protobuf/wkt";
 
-import { DelayQClient, JobState, ReleaseResult, retryAfter, type Delivery, type WorkOptions } from "../src/index.js";
+import {
+  AckRequestSchema,
+  DelayQClient,
+  JobState,
+  ReleaseResult,
+  retryAfter,
+  type Delivery,
+  type WorkOptions,
+} from "../src/index.js";
 
 const address = process.env["DELAYQ_ADDR"];
 if (address === undefined || address === "") {
@@ -24,10 +33,11 @@ async function runWorker(
   options: Omit<WorkOptions, "signal">,
   handler: (d: Delivery, signal: AbortSignal) => Promise<void>,
   until: Promise<unknown>,
+  using: DelayQClient = client,
 ): Promise<unknown[]> {
   const stop = new AbortController();
   const errors: unknown[] = [];
-  const loop = client.work({ ...options, signal: stop.signal, onError: (e) => errors.push(e) }, (d, ctx) =>
+  const loop = using.work({ ...options, signal: stop.signal, onError: (e) => errors.push(e) }, (d, ctx) =>
     handler(d, ctx.signal),
   );
   try {
@@ -58,6 +68,29 @@ async function eventually(fn: () => Promise<boolean>, ms: number, what: string):
     if (Date.now() > end) throw new Error(`${what}: not true within ${ms} ms`);
     await new Promise((r) => setTimeout(r, 20));
   }
+}
+
+/** A client that records how many tokens each of its Ack calls carries. */
+function ackCountingClient(): { counted: DelayQClient; ackCalls: number[] } {
+  const ackCalls: number[] = [];
+  const transport = createGrpcTransport({
+    baseUrl: `http://${address}`,
+    interceptors: [
+      (next) => (req) => {
+        if (!req.stream && isMessage(req.message, AckRequestSchema)) ackCalls.push(req.message.leaseTokens.length);
+        return next(req);
+      },
+    ],
+  });
+  return { counted: new DelayQClient({ address: address!, transport }), ackCalls };
+}
+
+async function ackedTotal(queue: string): Promise<bigint | undefined> {
+  return (await client.service.getQueueStats({ queue })).stats?.ackedTotal;
+}
+
+async function enqueueMany(queue: string, n: number): Promise<void> {
+  await Promise.all(Array.from({ length: n }, (_, i) => client.enqueue(queue, `job ${i}`)));
 }
 
 async function isSettled(queue: string, jobId: string): Promise<boolean> {
@@ -215,4 +248,67 @@ test("concurrent enqueues travel in few RPCs and each caller gets its own answer
   assert.ok(rpcs <= 2, `200 concurrent enqueues made ${rpcs} RPCs`);
   const stats = await client.service.getQueueStats({ queue });
   assert.equal(stats.stats?.enqueuedTotal, 196n);
+});
+
+test("acks of deliveries finished together go in one Ack call", async () => {
+  const queue = queueName();
+  await enqueueMany(queue, 20);
+  const { counted, ackCalls } = ackCountingClient();
+  let handled = 0;
+  let finish = (): void => {};
+  const finishP = new Promise<void>((r) => (finish = r));
+  const errors = await runWorker(
+    { queues: [queue], concurrency: 50, ackLingerMs: 1_000 },
+    async () => {
+      handled++;
+      await finishP; // all 20 finish at once, after all were received
+    },
+    eventually(async () => handled === 20, 10_000, "20 handlers running").then(() => {
+      finish();
+      return eventually(async () => (await ackedTotal(queue)) === 20n, 10_000, "20 acked");
+    }),
+    counted,
+  );
+  assert.deepEqual(ackCalls, [20]);
+  assert.deepEqual(errors, []);
+});
+
+test("a worker without stream credit acks at once: concurrency 1 and an hour's linger still run 5 jobs", async () => {
+  const queue = queueName();
+  await enqueueMany(queue, 5);
+  const { counted, ackCalls } = ackCountingClient();
+  const errors = await runWorker(
+    { queues: [queue], concurrency: 1, ackLingerMs: 3_600_000 },
+    async () => {},
+    eventually(async () => (await ackedTotal(queue)) === 5n, 10_000, "5 acked"),
+    counted,
+  );
+  assert.deepEqual(ackCalls, [1, 1, 1, 1, 1]);
+  assert.deepEqual(errors, []);
+});
+
+test("a stop sends the lingering acks before work() resolves", async () => {
+  const queue = queueName();
+  await enqueueMany(queue, 3);
+  const { counted, ackCalls } = ackCountingClient();
+  let handled = 0;
+  const stop = new AbortController();
+  const errors: unknown[] = [];
+  const loop = counted.work(
+    { queues: [queue], concurrency: 10, ackLingerMs: 3_600_000, signal: stop.signal, onError: (e) => errors.push(e) },
+    async () => {
+      handled++;
+    },
+  );
+  try {
+    await eventually(async () => handled === 3, 10_000, "3 jobs handled");
+    assert.deepEqual(ackCalls, []); // lingering
+    assert.equal(await ackedTotal(queue), 0n);
+  } finally {
+    stop.abort();
+    await withDeadline(loop, 20_000, "shutdown");
+  }
+  assert.deepEqual(ackCalls, [3]);
+  assert.equal(await ackedTotal(queue), 3n);
+  assert.deepEqual(errors, []);
 });
