@@ -27,9 +27,29 @@ def dur(ms: int) -> duration_pb2.Duration:
 
 
 def job(keys: ShardKeys, job_id: str, rec: JobRecord, now_ms: int) -> job_pb2.Job:
-    """A Job message; READY is derived for due jobs the promoter has not touched.
+    """A Job message; READY is derived for due jobs the promoter has not touched."""
+    return job_pb2.Job(**job_fields(keys, job_id, rec, now_ms))
 
-    On every delivery's path, so it builds the message in one constructor call.
+
+def delivery(
+    keys: ShardKeys, job_id: str, rec: JobRecord, token: str, lease_deadline_ms: int
+) -> job_pb2.Delivery:
+    """A Delivery of a job just leased (its last delivery time is the claim's now)."""
+    fields: dict[str, Any] = {
+        "job": job_fields(keys, job_id, rec, rec.last_delivery_ms),
+        "lease_token": token,
+        "attempt": rec.attempts,
+        "lease_deadline": parts(lease_deadline_ms),
+    }
+    return job_pb2.Delivery(**fields)
+
+
+def job_fields(keys: ShardKeys, job_id: str, rec: JobRecord, now_ms: int) -> dict[str, Any]:
+    """The Job message's fields as a dict.
+
+    On every delivery's path: a Delivery built with ``job=<this dict>`` fills its
+    job in place, where ``job=Job(...)`` builds a message and then copies it
+    (4.5 -> 3.2 µs per delivery, micro-benchmark; issue 12).
     """
     optional: dict[str, Any] = {}
     if rec.expire_ms:
@@ -58,4 +78,4 @@ def job(keys: ShardKeys, job_id: str, rec: JobRecord, now_ms: int) -> job_pb2.Jo
         "last_error": rec.last_error,
         **optional,
     }
-    return job_pb2.Job(**fields)
+    return fields

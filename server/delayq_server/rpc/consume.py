@@ -7,7 +7,7 @@ import logging
 import time
 from typing import Any
 
-from delayq.v1 import job_pb2, service_pb2
+from delayq.v1 import service_pb2
 from delayq_server import convert, errors, framing, ids, lateness, logs, validation
 from delayq_server.rpc.base import Ctx, ServicerBase
 from delayq_server.store import (
@@ -62,11 +62,12 @@ class ConsumeRpcs(ServicerBase):
             async for batch in stream.deliveries():
                 claimed_at = time.monotonic()
                 deliveries = [
-                    job_pb2.Delivery(
-                        job=convert.job(keys, c.job_id, c.record, c.record.last_delivery_ms),
-                        lease_token=ids.format_token(keys, c.job_id, c.nonce),
-                        attempt=c.record.attempts,
-                        lease_deadline=convert.ts(c.lease_deadline_ms),
+                    convert.delivery(
+                        keys,
+                        c.job_id,
+                        c.record,
+                        ids.format_token(keys, c.job_id, c.nonce),
+                        c.lease_deadline_ms,
                     )
                     for keys, c in batch
                 ]
