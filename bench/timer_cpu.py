@@ -86,15 +86,14 @@ async def _run_worker(
     return worker.ack_calls
 
 
-async def drive(
-    target: str, rate: float, seconds: float, lead_s: float, ack: bool, args: argparse.Namespace
-) -> tuple[list[float], dict[str, int]]:
+async def drive(target: str, args: argparse.Namespace) -> tuple[list[float], dict[str, int]]:
     """Lateness of every job, and what the server handled: stream messages and Ack
     calls, with their bytes (bench/timer_floor.py replays those rates). With
     `--consumer worker` the Python client's Worker consumes instead of the
     benchmark's stream reader; its stream messages are not counted."""
-    jobs = int(rate * seconds)
-    due_ms = due_times_ms(lead_s, jobs, rate)
+    ack = not args.no_ack
+    jobs = int(args.rate * args.seconds)
+    due_ms = due_times_ms(args.lead, jobs, args.rate)
     lateness: list[float] = []
     async with grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) as channel:
         stub = service_pb2_grpc.DelayQueueServiceStub(channel)
@@ -128,8 +127,7 @@ async def drive(
             async for resp in call:
                 for delivery in resp.deliveries:
                     on_delivery(delivery)
-                consumer.messages += 1
-                consumer.message_bytes += resp.ByteSize()
+                consumer.count(resp)
                 if len(lateness) >= jobs:
                     break
             call.cancel()
@@ -172,10 +170,7 @@ def measure(args: argparse.Namespace, server_tree: str = "") -> dict[str, Any]:
         marks: dict[str, Any] = {}
 
         async def run() -> tuple[list[float], dict[str, int]]:
-            addr = server.address
-            task = asyncio.create_task(
-                drive(addr, args.rate, args.seconds, args.lead, not args.no_ack, args)
-            )
+            task = asyncio.create_task(drive(server.address, args))
             # The window opens `lead` s after the due times were drawn: sample
             # CPU and Redis calls from then until the last job arrived.
             await asyncio.sleep(args.lead)

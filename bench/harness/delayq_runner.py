@@ -200,6 +200,11 @@ class Consumer:
                 raise RuntimeError(f"{bad} of {len(tokens)} acks refused")
             self.acked += len(tokens)
 
+    def count(self, resp: service_pb2.ConsumeResponse) -> None:
+        """One stream message the server wrote (bench/timer_floor.py replays the rate)."""
+        self.messages += 1
+        self.message_bytes += resp.ByteSize()
+
     async def run(self, on_delivery: Callable[[job_pb2.Delivery], None], until: int) -> None:
         """Consume and ack until `until` jobs have been acked."""
         call = self.stub.Consume(self.request)
@@ -210,8 +215,7 @@ class Consumer:
                     on_delivery(delivery)
                     self.pending.append(delivery.lease_token)
                 self.received += len(resp.deliveries)
-                self.messages += 1
-                self.message_bytes += resp.ByteSize()
+                self.count(resp)
                 self.wake.set()
                 if self.received >= until:
                     break
