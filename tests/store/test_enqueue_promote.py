@@ -325,3 +325,27 @@ async def test_admin_listing_pages_through_split_buckets(store: Store, shard: Sh
     assert len(seen) == sum(1 for d in offsets if lo <= T0 + d < hi)
     hist = await admin.backlog_buckets(shard.keys)
     assert sum(n for _, n in hist) == 450 and [d for d, _ in hist] == sorted(d for d, _ in hist)
+
+
+async def test_jobs_enqueued_together_share_few_record_groups(store: Store, shard: Shard) -> None:
+    """1,000 ids made in one go span one or two 16 ms windows, so their records land
+    in at most 64 of the shard's 1,024 groups (warm hashes in a big backlog), where
+    random group bits would touch ~640 (docs/decisions.md, record groups)."""
+    jobs = [spec(delay_ms=60_000) for _ in range(1000)]
+    await store.enqueue(shard.keys, jobs, shard.now)
+    groups = await store.redis.keys(shard.keys.prefix + "r:*")
+    assert 32 <= len(groups) <= 64
+    assert sum([await store.redis.hlen(g) for g in groups]) == 1000
+
+
+async def test_ids_with_random_group_bits_are_still_found(store: Store, shard: Shard) -> None:
+    """Ids made before the group bits followed time stay where their bits say."""
+    from delayq_server import ids
+
+    old = [spec(delay_ms=60_000) for _ in range(50)]
+    for i, job in enumerate(old):
+        job.job_id = ids.encode_id(T0 // 2, random.Random(i).getrandbits(64))
+    await store.enqueue(shard.keys, old, shard.now)
+    for job in old:
+        rec, _ = await store.get(shard.keys, job.job_id)
+        assert rec is not None and rec.payload == job.payload

@@ -152,7 +152,9 @@ class ShardKeys:
 
     def record_group(self, job_id: str) -> str:
         """HASH: job id -> packed record (records.py) for the ids sharing two
-        characters of their random part: 1,024 groups per shard (record.lua)."""
+        characters of their random part: 1,024 groups per shard (record.lua). New
+        ids set the first of the two from their creation time (ids.py), so jobs
+        enqueued together share a few groups."""
         return f"{self.prefix}r:{job_id[10:12]}"
 
     def idempotency(self, key: str) -> str:

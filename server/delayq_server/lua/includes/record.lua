@@ -2,7 +2,9 @@
 -- A job record is a msgpack array (see delayq_server/store/records.py, which
 -- must agree on these indices), kept as one field of a record group: a HASH
 -- <prefix>r:<2 chars of the id's random part>, so 1,024 groups per shard and
--- routing by id alone. Grouped records cost no key, object and dict entry
+-- routing by id alone (new ids set the first of the two chars from their
+-- creation time, ids.py, so jobs enqueued together share a few warm groups).
+-- Grouped records cost no key, object and dict entry
 -- each; small groups stay listpack-encoded when the server's
 -- hash-max-listpack-value admits a record (docs/decisions.md, "Memory layout v2").
 local R_STATE, R_ATTEMPTS, R_MAX, R_DUE, R_CREATED, R_EXPIRE = 1, 2, 3, 4, 5, 6
