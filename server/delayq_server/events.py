@@ -26,6 +26,7 @@ from redis.asyncio.cluster import ClusterPubSub, RedisCluster
 from delayq_server import logs
 from delayq_server.redis_client import RedisClient
 from delayq_server.store.keys import ShardKeys, server_channel
+from delayq_server.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -129,9 +130,7 @@ class PubSubListener:
 
     async def stop(self) -> None:
         if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
 
     async def _run(self) -> None:
         while True:

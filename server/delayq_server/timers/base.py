@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+
+from delayq_server.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +35,7 @@ class Loop:
 
     async def stop(self) -> None:
         if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
 
     async def tick(self) -> float | None:
         raise NotImplementedError
