@@ -7,8 +7,8 @@ import os
 # Before grpc is imported: grpcio 1.80+ serves accepted connections through
 # EventEngine's listener, whose thread hand-offs cost this server ~15% more CPU
 # per unary call and ~0.1 ms of p50 than the iomgr listener it replaced
-# (bench/grpc_experiments.py; docs/decisions.md, "the gRPC listener"). A
-# GRPC_EXPERIMENTS the operator sets wins.
+# (docs/decisions.md, "the gRPC listener"). A GRPC_EXPERIMENTS the operator
+# sets wins.
 os.environ.setdefault("GRPC_EXPERIMENTS", "-event_engine_listener")
 
 import asyncio

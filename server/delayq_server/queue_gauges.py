@@ -13,7 +13,6 @@ queue-wide values: aggregate them with max(), not sum() (docs/decisions.md,
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -23,6 +22,7 @@ from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from delayq_server.store import BacklogDue, ShardKeys, Store
+from delayq_server.tasks import cancel_and_wait
 from delayq_server.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
@@ -153,9 +153,7 @@ class QueueGauges:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
 
     # -- callbacks (run by the SDK at collection) ------------------------------------
 

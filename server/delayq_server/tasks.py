@@ -15,7 +15,8 @@ async def cancel_and_wait(task: asyncio.Task[Any], retry_s: float = RETRY_S) -> 
     One cancellation is not always enough. On Python 3.11 an ``asyncio.timeout`` that
     expires in the same loop step as the cancellation can turn it into TimeoutError,
     which loops that treat a timeout as "look again" (timers/base.py) catch, and the
-    pub/sub listener reconnects after any Exception. A plain ``cancel(); await task``
+    pub/sub listener, the timers' refresher and the queue gauges go on after any
+    Exception. A plain ``cancel(); await task``
     then waits forever: a store test's teardown once hung there for its whole timeout.
     Exceptions other than the cancellation still reach the caller.
     """

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from delayq_server import ids
 from delayq_server.store import JobState, Store
 from delayq_server.store.jobs_admin import JobAdmin
 from tests.support.seed import T0, CallsAtOnce, Shard, spec
@@ -340,8 +341,6 @@ async def test_jobs_enqueued_together_share_few_record_groups(store: Store, shar
 
 async def test_ids_with_random_group_bits_are_still_found(store: Store, shard: Shard) -> None:
     """Ids made before the group bits followed time stay where their bits say."""
-    from delayq_server import ids
-
     old = [spec(delay_ms=60_000) for _ in range(50)]
     for i, job in enumerate(old):
         job.job_id = ids.encode_id(T0 // 2, random.Random(i).getrandbits(64))

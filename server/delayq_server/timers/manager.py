@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 from delayq_server import events
 from delayq_server.store import LeaseRef, ShardKeys, Store
+from delayq_server.tasks import cancel_and_wait
 from delayq_server.timers.base import FALLBACK_S
 from delayq_server.timers.janitor import Janitor
 from delayq_server.timers.ownership import Ownership, preferred
@@ -277,9 +278,7 @@ class Timers:
 
     async def stop(self) -> None:
         if self._refresher:
-            self._refresher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._refresher
+            await cancel_and_wait(self._refresher)
         loops = [loop for pair in self._loops.values() for loop in pair]
         await asyncio.gather(
             self._janitor.stop(), self.ownership.stop(), *(loop.stop() for loop in loops)
