@@ -247,6 +247,12 @@ class Dispatcher:
         attempts no handler gets to try. The slot frees when the client answers
         for that delivery (an Ack, Nack or ExtendLease, even a stale one: answered)."""
         tokens = [LeaseToken(keys, lease.job_id, lease.nonce) for lease in leases if lease.nonce]
+        # This replica's streams hear it now, before any other task runs (a stall
+        # check among them, stream.py); other replicas over pub/sub.
+        self.on_expired_nonces([t.nonce for t in tokens if t.server_id == self.server_id])
+        tokens = [t for t in tokens if t.server_id != self.server_id]
+        if not tokens:
+            return
         task = asyncio.create_task(self._route(tokens, "expired"))
         self._background.add(task)
         task.add_done_callback(self._background.discard)

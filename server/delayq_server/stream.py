@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
@@ -34,8 +35,14 @@ RELEASE_COOLDOWN_S = 0.5  # credit of a released delivery comes back after this
 class Outstanding:
     keys: ShardKeys
     job_id: str
+    # Monotonic time by which the lease may have run out: taken before the claim
+    # call, so never later than the Redis deadline (extensions only move that later).
+    may_expire_at: float = 0.0
     sent: bool = False  # False between claim and the stream write
     expired: bool = False  # the lease ran out; the client has not answered for it yet
+    # A stall check found it gone past its deadline before the reaper's "expired"
+    # message came: the next check frees it if the message never does.
+    unexplained: bool = False
 
 
 class ConsumeStream:
@@ -170,6 +177,7 @@ class ConsumeStream:
                     break
                 prefix = f"{self._d.server_id}.{self.seq}.{next(self._claims)}."
                 asked = min(budget, CLAIM_LIMIT)  # what one claim call can take
+                may_expire_at = time.monotonic() + self._lease_ms / 1000
                 claimed = await self._claim(keys, asked, prefix)
                 if len(claimed) < asked:
                     board.drained(keys.tag, hinted[keys.tag])
@@ -178,7 +186,7 @@ class ConsumeStream:
                 if claimed:
                     self._d.on_leased(keys, claimed[0].lease_deadline_ms)
                 for c in claimed:
-                    self.outstanding[c.nonce] = Outstanding(keys, c.job_id)
+                    self.outstanding[c.nonce] = Outstanding(keys, c.job_id, may_expire_at)
                     got.append((keys, c))
                 budget -= len(claimed)
         self._woken_for = None
@@ -242,16 +250,29 @@ class ConsumeStream:
 
     async def _verify_outstanding(self) -> None:
         """Drops leases this stream no longer holds (credit lost with a pub/sub message,
-        or a lease dropped by TTL expiry): one pipelined read per shard."""
+        or a lease dropped by TTL expiry): one pipelined read per shard.
+
+        A lease gone before its deadline was settled: its slot is free. One gone
+        after it may have run out, and the reaper's "expired" message (a task step
+        here, a pub/sub hop from another replica) may still be on its way: a slot
+        freed now would hand the retried job straight back to a frozen worker
+        (docs/decisions.md). It is freed at the next check if no message came.
+        """
         by_shard: dict[ShardKeys, list[LeaseRef]] = defaultdict(list)
         for nonce, o in self.outstanding.items():
             if not o.expired:  # those wait for the client (Dispatcher.on_reaped)
                 by_shard[o.keys].append(LeaseRef(o.job_id, nonce))
         for keys, leases in by_shard.items():
             held = await self._d.store.held(keys, leases)
+            checked = time.monotonic()  # after the read: what it saw was gone by then
             for lease, ok in zip(leases, held, strict=True):
-                if not ok:
-                    self.outstanding.pop(lease.nonce, None)
+                gone = self.outstanding.get(lease.nonce)
+                if ok or gone is None or gone.expired:
+                    continue
+                if checked < gone.may_expire_at or gone.unexplained:
+                    del self.outstanding[lease.nonce]
+                else:
+                    gone.unexplained = True
 
     async def release(self) -> int:
         by_shard: dict[ShardKeys, list[LeaseRef]] = defaultdict(list)

@@ -1,0 +1,102 @@
+"""A stream's stall check and the slots of leases that ran out (docs/decisions.md,
+"a stall check never frees the slot of a lease that ran out").
+
+Found by the benchmark's SIGSTOP run: one time in three the frozen worker's stream
+got its job back and the live worker waited a second 30 s lease. The stream's stall
+check (every STALL_CHECK_S, 10 s) verified its lease in the instant between the
+reap and the reaper's "expired" message, saw it no longer held, and gave the slot
+back as if the credit message had been lost; the stream then claimed the retried job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from delayq_server import events
+from delayq_server.dispatcher import Dispatcher
+from delayq_server.store import Claimed, LeaseRef, Store
+from delayq_server.stream import ConsumeStream
+from tests.store.test_background import until
+from tests.support.seed import KEYS, spec
+
+Held = tuple[Dispatcher, ConsumeStream, Claimed]
+
+
+@pytest.fixture
+async def hold(store: Store) -> AsyncIterator[Callable[[int], Awaitable[Held]]]:
+    """Opens a one-slot stream that takes one lease of a job with attempts left."""
+    open_streams: list[AsyncIterator[object]] = []
+
+    async def open_one(lease_ms: int) -> Held:
+        dispatcher = Dispatcher(store, events.EventHub(), "srv")
+        stream = dispatcher.open([[KEYS]], max_outstanding=1, lease_ms=lease_ms, max_batch=10)
+        await store.enqueue(KEYS, [spec(backoff_ms=0, max_attempts=5)])
+        deliveries = stream.deliveries()
+        open_streams.append(deliveries)
+        ((_, claimed),) = await anext(deliveries)
+        assert stream.credit == 0
+        return dispatcher, stream, claimed
+
+    yield open_one
+    for deliveries in open_streams:
+        assert isinstance(deliveries, AsyncGenerator)
+        await deliveries.aclose()
+
+
+async def _reap_when_due(store: Store, claimed: Claimed) -> None:
+    async def ran_out() -> bool:
+        return await store.time_ms() > claimed.lease_deadline_ms
+
+    await until(ran_out)
+    res = await store.reap(KEYS)
+    assert [r.nonce for r in res.reaped] == [claimed.nonce]
+
+
+async def test_a_stall_check_between_a_reap_and_its_message_keeps_the_slot(
+    store: Store, hold: Callable[[int], Awaitable[Held]]
+) -> None:
+    dispatcher, stream, claimed = await hold(300)
+    await _reap_when_due(store, claimed)
+    # The reaper's "expired" message has not reached the stream yet (a task step on
+    # this replica, a pub/sub hop from another one) when the stall check looks.
+    await stream._verify_outstanding()
+    assert stream.credit == 0  # the retried job must not go back to the frozen stream
+    dispatcher.on_expired_nonces([claimed.nonce])
+    await stream._verify_outstanding()
+    assert stream.credit == 0
+    # The worker wakes up and answers, late: that frees the slot.
+    dispatcher.on_answered([f"{claimed.nonce}|{claimed.job_id}"])
+    assert stream.credit == 1
+
+
+async def test_a_lease_settled_before_its_deadline_frees_its_slot_at_the_stall_check(
+    store: Store, hold: Callable[[int], Awaitable[Held]]
+) -> None:
+    _, stream, claimed = await hold(60_000)
+    # Acked through another replica whose credit message was lost.
+    await store.ack(KEYS, [LeaseRef(claimed.job_id, claimed.nonce)])
+    await stream._verify_outstanding()
+    assert stream.credit == 1
+
+
+async def test_a_lease_gone_past_its_deadline_without_a_message_frees_at_the_next_check(
+    store: Store, hold: Callable[[int], Awaitable[Held]]
+) -> None:
+    # Reaped (or settled after an extension) and the message that says so was lost:
+    # one whole stall period is left for it to arrive, then the slot comes back.
+    _, stream, claimed = await hold(300)
+    await _reap_when_due(store, claimed)
+    await stream._verify_outstanding()
+    assert stream.credit == 0
+    await stream._verify_outstanding()
+    assert stream.credit == 1
+
+
+async def test_the_reaper_here_marks_its_streams_before_any_other_task_runs(
+    store: Store, hold: Callable[[int], Awaitable[Held]]
+) -> None:
+    dispatcher, stream, claimed = await hold(60_000)
+    dispatcher.on_reaped(KEYS, [LeaseRef(claimed.job_id, claimed.nonce)])
+    assert stream.outstanding[claimed.nonce].expired  # no await in between
