@@ -1,7 +1,9 @@
 """`python -m bench.harness`: delayq, BullMQ and arq side by side; prints and writes one table.
 
 Every run gets a fresh redis-server (and, for delayq, a fresh server); systems run one at a
-time. Results go to bench/results/ (Markdown, JSON, PNG); --quick writes to .run/bench-quick.
+time, taking turns run by run within each step (`schedule`), so each ratio compares figures
+of the same minutes. Results go to bench/results/ (Markdown, JSON, PNG); --quick writes to
+.run/bench-quick.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 from bench.harness import plots, report
 from bench.harness.procs import REPO
 from bench.harness.runs import LABELS, SYSTEMS, Tools, run_once
-from bench.harness.scenarios import Step, best_enqueue_mode, lead_s, metrics, plan
+from bench.harness.scenarios import Step, best_enqueue_mode, lead_s, metrics, plan, schedule
 from bench.harness.stats import Figure
 
 SCENARIOS = ("enqueue", "memory", "lateness", "drain", "redelivery")
@@ -138,49 +140,47 @@ def main(argv: list[str] | None = None) -> int:
     problems: list[str] = []
     cpu: dict[str, dict[str, list[dict[str, float]]]] = {}
     plans = {system: plan(system, args) for system in args.systems}
-    total = sum(len(steps) for steps in plans.values()) * args.runs
-    done = 0
+    turns = schedule(plans, args.runs)
+    step_params: dict[tuple[str, str], dict[str, Any]] = {}
     started = time.monotonic()
-    for system, steps in plans.items():
-        for step in steps:
-            params = dict(step.params)
+    for done, (system, step, run) in enumerate(turns, 1):
+        params = step_params.get((system, step.name))
+        if params is None:
+            params = step_params[system, step.name] = dict(step.params)
             if step.scenario == "lateness":
+                # The system's own enqueue figures exist by now: enqueue steps come first.
                 rate = measured_enqueue_rate(figures, system)
                 params["lead_s"] = lead_s(system, int(params["jobs"]), rate)
                 samples.setdefault(int(params["rate"]), {})[system] = []
-            for run in range(args.runs):
-                done += 1
-                print(
-                    f"[{done}/{total} {time.monotonic() - started:5.0f}s] {LABELS[system]}: "
-                    f"{step.name} (run {run + 1}/{args.runs})",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                timeout = 600 + float(params.get("lead_s", 0)) + args.redelivery_timeout
-                slug = re.sub(r"[^a-z0-9]+", "-", step.name.replace(",", ""))
-                try:
-                    result = run_once(
-                        tools,
-                        system,
-                        step.scenario,
-                        params,
-                        timeout=timeout,
-                        profile=out / f"profile-{slug}" if args.profile else None,
-                    )
-                except RuntimeError as err:
-                    problems.append(f"{system} {step.name}: {err}")
-                    print(f"    FAILED: {err}", file=sys.stderr, flush=True)
-                    continue
-                problems += Step(step.scenario, step.name, params).sanity(system, result)
-                cpu.setdefault(system, {}).setdefault(step.name, []).append(result["cpu"])
-                print(f"    cpu: {result['cpu']}", file=sys.stderr, flush=True)
-                for key, value in (
-                    Step(step.scenario, step.name, params).figures(result, system).items()
-                ):
-                    figures.setdefault(key, {}).setdefault(system, Figure()).runs.append(value)
-                    print(f"    {key} = {value:,.3f}", file=sys.stderr, flush=True)
-                if step.scenario == "lateness":
-                    samples[int(params["rate"])][system] += result["lateness_ms"]
+        print(
+            f"[{done}/{len(turns)} {time.monotonic() - started:5.0f}s] {LABELS[system]}: "
+            f"{step.name} (run {run + 1}/{args.runs})",
+            file=sys.stderr,
+            flush=True,
+        )
+        timeout = 600 + float(params.get("lead_s", 0)) + args.redelivery_timeout
+        slug = re.sub(r"[^a-z0-9]+", "-", step.name.replace(",", ""))
+        try:
+            result = run_once(
+                tools,
+                system,
+                step.scenario,
+                params,
+                timeout=timeout,
+                profile=out / f"profile-{slug}" if args.profile else None,
+            )
+        except RuntimeError as err:
+            problems.append(f"{system} {step.name}: {err}")
+            print(f"    FAILED: {err}", file=sys.stderr, flush=True)
+            continue
+        problems += Step(step.scenario, step.name, params).sanity(system, result)
+        cpu.setdefault(system, {}).setdefault(step.name, []).append(result["cpu"])
+        print(f"    cpu: {result['cpu']}", file=sys.stderr, flush=True)
+        for key, value in Step(step.scenario, step.name, params).figures(result, system).items():
+            figures.setdefault(key, {}).setdefault(system, Figure()).runs.append(value)
+            print(f"    {key} = {value:,.3f}", file=sys.stderr, flush=True)
+        if step.scenario == "lateness":
+            samples[int(params["rate"])][system] += result["lateness_ms"]
     write(args, out, figures, samples, problems, cpu)
     return 1 if problems and args.check else 0
 

@@ -270,3 +270,30 @@ def plan(system: str, args: argparse.Namespace) -> list[Step]:
                 )
             )
     return steps
+
+
+def schedule(plans: dict[str, list[Step]], runs: int) -> list[tuple[str, Step, int]]:
+    """The order of the turns (system, step, run index): step by step, in each system's
+    step order, and within a step the systems take turns run by run, the one that goes
+    first rotating. Measured one system after the other, each ratio compared figures
+    taken minutes apart, and this machine's speed moves with the hour (README)."""
+    order: list[str] = []
+    for steps in plans.values():
+        at = -1  # where this system's previous step stands in the merged order
+        for step in steps:
+            if step.name in order:
+                at = order.index(step.name)
+            else:
+                at += 1
+                order.insert(at, step.name)
+    by_name = {system: {s.name: s for s in steps} for system, steps in plans.items()}
+    systems = list(plans)
+    turns: list[tuple[str, Step, int]] = []
+    for name in order:
+        for run in range(runs):
+            first = run % len(systems) if systems else 0
+            for system in systems[first:] + systems[:first]:
+                found = by_name[system].get(name)
+                if found is not None:
+                    turns.append((system, found, run))
+    return turns
