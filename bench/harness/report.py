@@ -165,7 +165,8 @@ def markdown(
         ),
         "",
         f"Each figure: median of {params['runs']} runs [min, max]; every run on a fresh "
-        "redis-server (and delayq server), one system at a time; ratios are delayq/peer medians.",
+        "redis-server (and delayq server), one system at a time, taking turns run by run; "
+        "ratios are delayq/peer medians.",
         "",
         table(metrics, figures, systems, timeout),
         "",
