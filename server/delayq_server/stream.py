@@ -95,9 +95,11 @@ class ConsumeStream:
             o.expired = True
 
     def answered(self, nonce: str, job_id: str) -> None:
-        """The client answered, late, for a delivery whose lease ran out."""
+        """The client answered, late, for a delivery whose lease is no longer current
+        (Redis refused the token). It answers once: the slot frees even when the
+        reaper's "expired" message has not come yet (they race from two replicas)."""
         o = self.outstanding.get(nonce)
-        if o is not None and o.expired and o.job_id == job_id:
+        if o is not None and o.job_id == job_id:
             del self.outstanding[nonce]
             self.wake.set()
 

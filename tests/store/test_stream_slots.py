@@ -100,3 +100,28 @@ async def test_the_reaper_here_marks_its_streams_before_any_other_task_runs(
     dispatcher, stream, claimed = await hold(60_000)
     dispatcher.on_reaped(KEYS, [LeaseRef(claimed.job_id, claimed.nonce)])
     assert stream.outstanding[claimed.nonce].expired  # no await in between
+
+
+async def test_a_late_answer_that_beats_the_reapers_message_frees_the_slot(
+    store: Store, hold: Callable[[int], Awaitable[Held]]
+) -> None:
+    # Reaper on one replica, the client's stale Ack on another: the two messages race
+    # to the stream's replica, and the answer may come first. The client answers for
+    # a delivery once; a slot kept until then would be kept for good.
+    dispatcher, stream, claimed = await hold(300)
+    await _reap_when_due(store, claimed)
+    dispatcher.on_answered([f"{claimed.nonce}|{claimed.job_id}"])
+    assert stream.credit == 1
+    dispatcher.on_expired_nonces([claimed.nonce])  # the reaper's message, late
+    assert stream.credit == 1
+
+
+async def test_an_answer_naming_another_job_frees_nothing(
+    store: Store, hold: Callable[[int], Awaitable[Held]]
+) -> None:
+    dispatcher, stream, claimed = await hold(300)
+    await _reap_when_due(store, claimed)
+    dispatcher.on_answered([f"{claimed.nonce}|{claimed.job_id}x"])  # forged job id
+    dispatcher.on_expired_nonces([claimed.nonce])
+    dispatcher.on_answered([f"{claimed.nonce}|{claimed.job_id}x"])
+    assert stream.credit == 0
