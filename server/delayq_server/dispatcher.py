@@ -222,17 +222,22 @@ class Dispatcher:
             handler(items)
 
     async def answered(self, tokens: list[LeaseToken]) -> None:
-        """The client answered (late) for deliveries whose lease ran out: their
-        stream slots free (see on_reaped). Job ids travel along so a token forged
-        from a real nonce and another job's id frees nothing."""
-        await self._route(tokens, "answered", lambda t: f"{t.nonce}|{t.job_id}")
+        """The client answered (late) for deliveries Redis no longer holds under their
+        tokens: their stream slots free (see on_reaped). The job id and the shard
+        travel along, so a token forged from a real nonce with another job or under
+        another namespace (answered UNKNOWN there) frees nothing."""
+        await self._route(tokens, "answered", lambda t: f"{t.nonce}|{t.job_id}|{t.keys.tag}")
 
     def on_answered(self, items: list[str]) -> None:
         for item in items:
-            nonce, _, job_id = item.partition("|")
-            stream = self._stream_of(nonce)
+            parts = item.split("|")
+            if len(parts) not in (2, 3):
+                continue
+            # Two parts: a replica from before the shard travelled along.
+            tag = parts[2] if len(parts) == 3 else None
+            stream = self._stream_of(parts[0])
             if stream is not None:
-                stream.answered(nonce, job_id)
+                stream.answered(parts[0], parts[1], tag)
 
     def on_expired_nonces(self, nonces: list[str]) -> None:
         """Leases of our streams that ran out (another replica's reaper may tell us)."""

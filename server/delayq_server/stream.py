@@ -94,14 +94,21 @@ class ConsumeStream:
         if o is not None:
             o.expired = True
 
-    def answered(self, nonce: str, job_id: str) -> None:
-        """The client answered, late, for a delivery whose lease is no longer current
-        (Redis refused the token). It answers once: the slot frees even when the
-        reaper's "expired" message has not come yet (they race from two replicas)."""
+    def answered(self, nonce: str, job_id: str, tag: str | None) -> None:
+        """The client answered, late, for a delivery Redis refused the token of (STALE
+        or UNKNOWN in the delivery's own shard, so its lease is not current). It answers
+        once: the slot frees even when the reaper's "expired" message has not come yet
+        (they race from two replicas). The job and shard must be the delivery's: the
+        same nonce under another namespace is answered UNKNOWN there and frees nothing.
+        A message without the shard (``tag`` None, an older replica) frees only a
+        lease known to have run out, as before."""
         o = self.outstanding.get(nonce)
-        if o is not None and o.job_id == job_id:
-            del self.outstanding[nonce]
-            self.wake.set()
+        if o is None or o.job_id != job_id:
+            return
+        if o.keys.tag != tag and not (tag is None and o.expired):
+            return
+        del self.outstanding[nonce]
+        self.wake.set()
 
     def given_back(self, nonce: str) -> None:
         """A delivery the client released unstarted. Its credit returns after a

@@ -16,7 +16,8 @@ import pytest
 
 from delayq_server import events
 from delayq_server.dispatcher import Dispatcher
-from delayq_server.store import Claimed, LeaseRef, Store
+from delayq_server.ids import LeaseToken
+from delayq_server.store import Claimed, LeaseRef, ShardKeys, Store
 from delayq_server.stream import ConsumeStream
 from tests.store.test_background import until
 from tests.support.seed import KEYS, spec
@@ -67,7 +68,7 @@ async def test_a_stall_check_between_a_reap_and_its_message_keeps_the_slot(
     await stream._verify_outstanding()
     assert stream.credit == 0
     # The worker wakes up and answers, late: that frees the slot.
-    dispatcher.on_answered([f"{claimed.nonce}|{claimed.job_id}"])
+    await dispatcher.answered([LeaseToken(KEYS, claimed.job_id, claimed.nonce)])
     assert stream.credit == 1
 
 
@@ -110,7 +111,7 @@ async def test_a_late_answer_that_beats_the_reapers_message_frees_the_slot(
     # a delivery once; a slot kept until then would be kept for good.
     dispatcher, stream, claimed = await hold(300)
     await _reap_when_due(store, claimed)
-    dispatcher.on_answered([f"{claimed.nonce}|{claimed.job_id}"])
+    await dispatcher.answered([LeaseToken(KEYS, claimed.job_id, claimed.nonce)])
     assert stream.credit == 1
     dispatcher.on_expired_nonces([claimed.nonce])  # the reaper's message, late
     assert stream.credit == 1
@@ -121,7 +122,34 @@ async def test_an_answer_naming_another_job_frees_nothing(
 ) -> None:
     dispatcher, stream, claimed = await hold(300)
     await _reap_when_due(store, claimed)
-    dispatcher.on_answered([f"{claimed.nonce}|{claimed.job_id}x"])  # forged job id
+    forged = LeaseToken(KEYS, claimed.job_id + "x", claimed.nonce)  # another job's id
+    await dispatcher.answered([forged])
     dispatcher.on_expired_nonces([claimed.nonce])
-    dispatcher.on_answered([f"{claimed.nonce}|{claimed.job_id}x"])
+    await dispatcher.answered([forged])
     assert stream.credit == 0
+
+
+async def test_an_answer_from_an_older_replica_frees_only_a_lease_that_ran_out(
+    store: Store, hold: Callable[[int], Awaitable[Held]]
+) -> None:
+    # Replicas before the shard travelled with the answer send "nonce|job id".
+    dispatcher, stream, claimed = await hold(60_000)
+    dispatcher.on_answered([f"{claimed.nonce}|{claimed.job_id}"])
+    assert stream.credit == 0  # current, as far as this replica knows
+    dispatcher.on_expired_nonces([claimed.nonce])
+    dispatcher.on_answered([f"{claimed.nonce}|{claimed.job_id}"])
+    assert stream.credit == 1
+
+
+async def test_an_answer_for_the_nonce_under_another_shard_frees_nothing(
+    store: Store, hold: Callable[[int], Awaitable[Held]]
+) -> None:
+    # Found by tests/security/test_fuzz.py: tenant A acked B's real nonce and job id
+    # under A's own namespace; Redis answered UNKNOWN (no such job in A's shard) and
+    # the answer freed the slot of B's current lease. The answer must name the shard too.
+    dispatcher, stream, claimed = await hold(60_000)
+    other = ShardKeys("other-tenant", KEYS.queue, KEYS.shard)
+    await dispatcher.answered([LeaseToken(other, claimed.job_id, claimed.nonce)])
+    assert stream.credit == 0
+    await dispatcher.answered([LeaseToken(KEYS, claimed.job_id, claimed.nonce)])
+    assert stream.credit == 1

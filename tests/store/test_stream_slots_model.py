@@ -29,6 +29,7 @@ import pytest
 from delayq_server import events
 from delayq_server import stream as stream_module
 from delayq_server.dispatcher import Dispatcher
+from delayq_server.ids import LeaseToken
 from delayq_server.store import AckOutcome, Claimed, LeaseRef, ShardKeys, Store
 from delayq_server.stream import ConsumeStream
 from tests.support.seed import spec
@@ -104,7 +105,7 @@ async def _answer_late(store: Store, d: Dispatcher, m: Model, nonce: str) -> Non
     claimed = m.ran_out.pop(nonce)
     (code,) = await store.ack(m.keys, [LeaseRef(claimed.job_id, nonce)])
     assert code != AckOutcome.ACKED
-    d.on_answered([f"{nonce}|{claimed.job_id}"])
+    await d.answered([LeaseToken(m.keys, claimed.job_id, nonce)])
 
 
 async def _ack(store: Store, d: Dispatcher, m: Model, nonce: str, *, credit_lost: bool) -> None:
