@@ -70,6 +70,12 @@ bench-scale: deps
 bench-memory: deps
 	$(PY) -m bench.memory_breakdown $(BENCH_ARGS)
 
+# Issue 12: unary Enqueue calls/s with --workers 1 and 2, the client on several
+# connections (bench/workers_scaling.py).
+.PHONY: bench-workers
+bench-workers: deps
+	$(PY) -m bench.workers_scaling $(BENCH_ARGS)
+
 # Issue 12: server CPU s per 1,000 jobs at 1,000 due jobs/s, with the consumer's lateness
 # (bench/timer_cpu.py; BENCH_ARGS="--compare ../other-checkout --rounds 3" for an A/B,
 # "--floor" for a bare grpc.aio server's CPU at the same events per s, bench/timer_floor.py).

@@ -58,6 +58,16 @@ class Limits:
     max_streams: int = 0  # concurrent Consume streams, over every replica
 
 
+class _Refill(asyncio.Event):
+    """A call to the shared bucket under way for a namespace; set when it returned.
+    Its refusal answers waiters needing as many tokens or more."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.n = n
+        self.refused: Taken | None = None
+
+
 class Quotas:
     def __init__(self, store: QuotaStore, limits: Limits, server_id: str) -> None:
         self._store = store
@@ -65,6 +75,7 @@ class Quotas:
         self._server_id = server_id
         self._jobs: dict[str, tuple[float, int]] = {}  # ns -> (read at, count)
         self._allowance: dict[str, tuple[float, int]] = {}  # ns -> (taken at, tokens left)
+        self._refills: dict[str, _Refill] = {}  # ns -> the bucket call under way
 
     async def enqueue(self, namespace: str, n: int) -> None:
         """Admits n new jobs into a namespace or raises QuotaExceeded (nothing taken)."""
@@ -102,20 +113,38 @@ class Quotas:
 
     async def _take(self, namespace: str, n: int, burst: int) -> Taken:
         """Spends n tokens of this replica's allowance; when short, one script call
-        takes n plus as much of a chunk as the shared bucket holds."""
-        now = time.monotonic()
-        taken_at, left = self._allowance.get(namespace, (0.0, 0))
-        if now - taken_at > ALLOWANCE_TTL_S:
-            left = 0
-        if left >= n:
-            self._allowance[namespace] = (taken_at, left - n)
-            return _TAKEN
-        rate = self.limits.enqueue_rate
-        chunk = min(burst // ALLOWANCE_BURST_SHARE, int(rate * ALLOWANCE_RATE_S))
-        got = await self._store.take_enqueue(namespace, n, rate, burst, up_to=n + chunk)
-        if got.ok:
-            self._allowance[namespace] = (now, got.taken - n)
-        return got
+        takes n plus as much of a chunk as the shared bucket holds.
+
+        Calls that find the allowance short while a refill is under way wait for it
+        and spend from it: each taking its own chunk, 50 concurrent callers asked the
+        bucket for 50 chunks at once and drained it far below the rate (issue 12)."""
+        while True:
+            now = time.monotonic()
+            taken_at, left = self._allowance.get(namespace, (0.0, 0))
+            if now - taken_at > ALLOWANCE_TTL_S:
+                left = 0
+            if left >= n:
+                self._allowance[namespace] = (taken_at, left - n)
+                return _TAKEN
+            refill = self._refills.get(namespace)
+            if refill is None:
+                break
+            await refill.wait()  # then look again: it may not cover us
+            if refill.refused is not None and n >= refill.n:
+                return refill.refused  # the bucket lacked fewer tokens than we need
+        self._refills[namespace] = refill = _Refill(n)
+        try:
+            rate = self.limits.enqueue_rate
+            chunk = min(burst // ALLOWANCE_BURST_SHARE, int(rate * ALLOWANCE_RATE_S))
+            got = await self._store.take_enqueue(namespace, n, rate, burst, up_to=n + chunk)
+            if got.ok:
+                self._allowance[namespace] = (now, got.taken - n)
+            else:
+                refill.refused = got
+            return got
+        finally:
+            del self._refills[namespace]
+            refill.set()
 
     async def enqueue_many(self, namespaces: list[str]) -> dict[str, QuotaExceeded]:
         """Admits a batch's jobs per namespace; the refusal of each namespace refused."""
