@@ -200,11 +200,23 @@ class Dispatcher:
     ) -> None:
         """Hands each token's item to the replica holding its stream: this one
         directly, others over their pub/sub channel (on_message there)."""
+        await self._send_remote(kind, self._hand_local(tokens, kind, item))
+
+    def _hand_local(
+        self,
+        tokens: list[LeaseToken],
+        kind: str,
+        item: Callable[[LeaseToken], str] = lambda t: t.nonce,
+    ) -> dict[str, list[str]]:
+        """Hands this replica's items over now; returns the others', per replica."""
         remote: dict[str, list[str]] = defaultdict(list)
         local: list[str] = []
         for t in tokens:
             (local if t.server_id == self.server_id else remote[t.server_id]).append(item(t))
         self.on_message(kind, local)
+        return remote
+
+    async def _send_remote(self, kind: str, remote: dict[str, list[str]]) -> None:
         for server_id, items in remote.items():
             with contextlib.suppress(Exception):
                 await self.store.notify_server(server_id, f"{kind} " + " ".join(items))
@@ -254,10 +266,9 @@ class Dispatcher:
         tokens = [LeaseToken(keys, lease.job_id, lease.nonce) for lease in leases if lease.nonce]
         # This replica's streams hear it now, before any other task runs (a stall
         # check among them, stream.py); other replicas over pub/sub.
-        self.on_expired_nonces([t.nonce for t in tokens if t.server_id == self.server_id])
-        tokens = [t for t in tokens if t.server_id != self.server_id]
-        if not tokens:
+        remote = self._hand_local(tokens, "expired")
+        if not remote:
             return
-        task = asyncio.create_task(self._route(tokens, "expired"))
+        task = asyncio.create_task(self._send_remote("expired", remote))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
