@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
+
 import pytest
 import redis.asyncio as aioredis
 
+from delayq_server import stream as stream_module
 from delayq_server.store import Store
 from tests.support.seed import Shard
+from tests.support.streams import StreamClock, Streams
 
 
 @pytest.fixture
@@ -17,3 +22,13 @@ def store(aredis: aioredis.Redis) -> Store:
 @pytest.fixture
 def shard(store: Store) -> Shard:
     return Shard(store)
+
+
+@pytest.fixture
+async def streams(store: Store, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Streams]:
+    """Consume streams on the real store, their clock moved by the test."""
+    clock = StreamClock()
+    monkeypatch.setattr(stream_module, "time", SimpleNamespace(monotonic=clock.monotonic))
+    opened = Streams(store, clock)
+    yield opened
+    await opened.close()

@@ -10,56 +10,33 @@ back as if the credit message had been lost; the stream then claimed the retried
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-
-import pytest
-
-from delayq_server import events
 from delayq_server.dispatcher import Dispatcher
 from delayq_server.ids import LeaseToken
 from delayq_server.store import Claimed, LeaseRef, ShardKeys, Store
 from delayq_server.stream import ConsumeStream
-from tests.store.test_background import until
 from tests.support.seed import KEYS, spec
-
-Held = tuple[Dispatcher, ConsumeStream, Claimed]
-
-
-@pytest.fixture
-async def hold(store: Store) -> AsyncIterator[Callable[[int], Awaitable[Held]]]:
-    """Opens a one-slot stream that takes one lease of a job with attempts left."""
-    open_streams: list[AsyncIterator[object]] = []
-
-    async def open_one(lease_ms: int) -> Held:
-        dispatcher = Dispatcher(store, events.EventHub(), "srv")
-        stream = dispatcher.open([[KEYS]], max_outstanding=1, lease_ms=lease_ms, max_batch=10)
-        await store.enqueue(KEYS, [spec(backoff_ms=0, max_attempts=5)])
-        deliveries = stream.deliveries()
-        open_streams.append(deliveries)
-        ((_, claimed),) = await anext(deliveries)
-        assert stream.credit == 0
-        return dispatcher, stream, claimed
-
-    yield open_one
-    for deliveries in open_streams:
-        assert isinstance(deliveries, AsyncGenerator)
-        await deliveries.aclose()
+from tests.support.streams import Streams
 
 
-async def _reap_when_due(store: Store, claimed: Claimed) -> None:
-    async def ran_out() -> bool:
-        return await store.time_ms() > claimed.lease_deadline_ms
+async def _hold(store: Store, streams: Streams) -> tuple[Dispatcher, ConsumeStream, Claimed]:
+    """A one-slot stream holding one fresh lease of a job with attempts left."""
+    stream, deliveries = streams.open(KEYS, slots=1)
+    await store.enqueue(KEYS, [spec(backoff_ms=0, max_attempts=5)])
+    ((_, claimed),) = await anext(deliveries)
+    assert stream.credit == 0
+    return streams.dispatcher, stream, claimed
 
-    await until(ran_out)
-    res = await store.reap(KEYS)
-    assert [r.nonce for r in res.reaped] == [claimed.nonce]
+
+async def _run_out(streams: Streams, stream: ConsumeStream, claimed: Claimed) -> None:
+    reaped = await streams.run_out(stream, KEYS, claimed)
+    assert [r.nonce for r in reaped] == [claimed.nonce]
 
 
 async def test_a_stall_check_between_a_reap_and_its_message_keeps_the_slot(
-    store: Store, hold: Callable[[int], Awaitable[Held]]
+    store: Store, streams: Streams
 ) -> None:
-    dispatcher, stream, claimed = await hold(300)
-    await _reap_when_due(store, claimed)
+    dispatcher, stream, claimed = await _hold(store, streams)
+    await _run_out(streams, stream, claimed)
     # The reaper's "expired" message has not reached the stream yet (a task step on
     # this replica, a pub/sub hop from another one) when the stall check looks.
     await stream._verify_outstanding()
@@ -73,9 +50,9 @@ async def test_a_stall_check_between_a_reap_and_its_message_keeps_the_slot(
 
 
 async def test_a_lease_settled_before_its_deadline_frees_its_slot_at_the_stall_check(
-    store: Store, hold: Callable[[int], Awaitable[Held]]
+    store: Store, streams: Streams
 ) -> None:
-    _, stream, claimed = await hold(60_000)
+    _, stream, claimed = await _hold(store, streams)
     # Acked through another replica whose credit message was lost.
     await store.ack(KEYS, [LeaseRef(claimed.job_id, claimed.nonce)])
     await stream._verify_outstanding()
@@ -83,12 +60,12 @@ async def test_a_lease_settled_before_its_deadline_frees_its_slot_at_the_stall_c
 
 
 async def test_a_lease_gone_past_its_deadline_without_a_message_frees_at_the_next_check(
-    store: Store, hold: Callable[[int], Awaitable[Held]]
+    store: Store, streams: Streams
 ) -> None:
     # Reaped (or settled after an extension) and the message that says so was lost:
     # one whole stall period is left for it to arrive, then the slot comes back.
-    _, stream, claimed = await hold(300)
-    await _reap_when_due(store, claimed)
+    _, stream, claimed = await _hold(store, streams)
+    await _run_out(streams, stream, claimed)
     await stream._verify_outstanding()
     assert stream.credit == 0
     await stream._verify_outstanding()
@@ -96,32 +73,30 @@ async def test_a_lease_gone_past_its_deadline_without_a_message_frees_at_the_nex
 
 
 async def test_the_reaper_here_marks_its_streams_before_any_other_task_runs(
-    store: Store, hold: Callable[[int], Awaitable[Held]]
+    store: Store, streams: Streams
 ) -> None:
-    dispatcher, stream, claimed = await hold(60_000)
+    dispatcher, stream, claimed = await _hold(store, streams)
     dispatcher.on_reaped(KEYS, [LeaseRef(claimed.job_id, claimed.nonce)])
     assert stream.outstanding[claimed.nonce].expired  # no await in between
 
 
 async def test_a_late_answer_that_beats_the_reapers_message_frees_the_slot(
-    store: Store, hold: Callable[[int], Awaitable[Held]]
+    store: Store, streams: Streams
 ) -> None:
     # Reaper on one replica, the client's stale Ack on another: the two messages race
     # to the stream's replica, and the answer may come first. The client answers for
     # a delivery once; a slot kept until then would be kept for good.
-    dispatcher, stream, claimed = await hold(300)
-    await _reap_when_due(store, claimed)
+    dispatcher, stream, claimed = await _hold(store, streams)
+    await _run_out(streams, stream, claimed)
     await dispatcher.answered([LeaseToken(KEYS, claimed.job_id, claimed.nonce)])
     assert stream.credit == 1
     dispatcher.on_expired_nonces([claimed.nonce])  # the reaper's message, late
     assert stream.credit == 1
 
 
-async def test_an_answer_naming_another_job_frees_nothing(
-    store: Store, hold: Callable[[int], Awaitable[Held]]
-) -> None:
-    dispatcher, stream, claimed = await hold(300)
-    await _reap_when_due(store, claimed)
+async def test_an_answer_naming_another_job_frees_nothing(store: Store, streams: Streams) -> None:
+    dispatcher, stream, claimed = await _hold(store, streams)
+    await _run_out(streams, stream, claimed)
     forged = LeaseToken(KEYS, claimed.job_id + "x", claimed.nonce)  # another job's id
     await dispatcher.answered([forged])
     dispatcher.on_expired_nonces([claimed.nonce])
@@ -130,10 +105,10 @@ async def test_an_answer_naming_another_job_frees_nothing(
 
 
 async def test_an_answer_from_an_older_replica_frees_only_a_lease_that_ran_out(
-    store: Store, hold: Callable[[int], Awaitable[Held]]
+    store: Store, streams: Streams
 ) -> None:
     # Replicas before the shard travelled with the answer send "nonce|job id".
-    dispatcher, stream, claimed = await hold(60_000)
+    dispatcher, stream, claimed = await _hold(store, streams)
     dispatcher.on_answered([f"{claimed.nonce}|{claimed.job_id}"])
     assert stream.credit == 0  # current, as far as this replica knows
     dispatcher.on_expired_nonces([claimed.nonce])
@@ -142,12 +117,12 @@ async def test_an_answer_from_an_older_replica_frees_only_a_lease_that_ran_out(
 
 
 async def test_an_answer_for_the_nonce_under_another_shard_frees_nothing(
-    store: Store, hold: Callable[[int], Awaitable[Held]]
+    store: Store, streams: Streams
 ) -> None:
     # Found by tests/security/test_fuzz.py: tenant A acked B's real nonce and job id
     # under A's own namespace; Redis answered UNKNOWN (no such job in A's shard) and
     # the answer freed the slot of B's current lease. The answer must name the shard too.
-    dispatcher, stream, claimed = await hold(60_000)
+    dispatcher, stream, claimed = await _hold(store, streams)
     other = ShardKeys("other-tenant", KEYS.queue, KEYS.shard)
     await dispatcher.answered([LeaseToken(other, claimed.job_id, claimed.nonce)])
     assert stream.credit == 0

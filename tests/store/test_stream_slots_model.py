@@ -12,30 +12,27 @@ stream's own stall checks. Whatever their order, two things must hold:
 * once the client has answered for every delivery and every message has arrived, all
   slots are free within two stall checks (nothing is kept for good).
 
-The stream's clock is a test clock (as scripts take an explicit now), moved past a
-lease's deadline before the reap that uses a Redis "now" past it.
+The stream's clock is a test clock (tests/support/streams.py), moved past a lease's
+deadline before the reap that uses a Redis "now" past it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 
 import pytest
 
-from delayq_server import events
-from delayq_server import stream as stream_module
 from delayq_server.dispatcher import Dispatcher
 from delayq_server.ids import LeaseToken
 from delayq_server.store import AckOutcome, Claimed, LeaseRef, ShardKeys, Store
 from delayq_server.stream import ConsumeStream
 from tests.support.seed import spec
+from tests.support.streams import Batch, Streams
 
 SLOTS = 2
-LEASE_MS = 60_000
 SEEDS = range(40)
 STEPS = 30
 
@@ -54,49 +51,16 @@ class Model:
     overdue: list[str] = field(default_factory=list)
 
 
-class Clock:
-    """The stream module's monotonic clock, moved by the test."""
-
-    def __init__(self) -> None:
-        self.now = 1_000.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    c = Clock()
-    monkeypatch.setattr(stream_module, "time", SimpleNamespace(monotonic=c.monotonic))
-    return c
-
-
-@pytest.fixture
-async def opened(store: Store) -> AsyncIterator[list[AsyncIterator[object]]]:
-    streams: list[AsyncIterator[object]] = []
-    yield streams
-    for deliveries in streams:
-        assert isinstance(deliveries, AsyncGenerator)
-        await deliveries.aclose()
-
-
-async def _deliver(
-    store: Store, d: Dispatcher, s: ConsumeStream, gen: AsyncIterator[object], m: Model
-) -> None:
+async def _deliver(store: Store, d: Dispatcher, gen: AsyncGenerator[Batch], m: Model) -> None:
     await store.enqueue(m.keys, [spec(backoff_ms=0, max_attempts=1_000)])
     d.board.fire(m.keys.tag)  # what the enqueue's "ready" event does
-    batch = await asyncio.wait_for(anext(gen), 10)
-    assert isinstance(batch, list)
-    for _, claimed in batch:
+    for _, claimed in await asyncio.wait_for(anext(gen), 10):
         m.live[claimed.nonce] = claimed
 
 
-async def _run_out(store: Store, clock: Clock, s: ConsumeStream, m: Model, nonce: str) -> None:
+async def _run_out(streams: Streams, s: ConsumeStream, m: Model, nonce: str) -> None:
     """Time passes beyond one lease's deadline; the reaper takes every lease due by then."""
-    claimed = m.live[nonce]
-    clock.now = max(clock.now, s.outstanding[nonce].may_expire_at + 0.001)
-    res = await store.reap(m.keys, now_ms=claimed.lease_deadline_ms + 1)
-    for lease in res.reaped:
+    for lease in await streams.run_out(s, m.keys, m.live[nonce]):
         m.ran_out[lease.nonce] = m.live.pop(lease.nonce)
         m.messages.append(lease.nonce)
 
@@ -118,14 +82,12 @@ async def _ack(store: Store, d: Dispatcher, m: Model, nonce: str, *, credit_lost
 
 @pytest.mark.parametrize("seed", SEEDS)
 async def test_slots_follow_answers_whatever_the_order_of_events(
-    store: Store, clock: Clock, opened: list[AsyncIterator[object]], seed: int
+    store: Store, streams: Streams, seed: int
 ) -> None:
     rng = random.Random(seed)
     m = Model(ShardKeys("default", f"slots-{seed}", 0))
-    d = Dispatcher(store, events.EventHub(), "srv")
-    s = d.open([[m.keys]], max_outstanding=SLOTS, lease_ms=LEASE_MS, max_batch=SLOTS)
-    gen = s.deliveries()
-    opened.append(gen)
+    d = streams.dispatcher
+    s, gen = streams.open(m.keys, slots=SLOTS)
     for _ in range(STEPS):
         ops = ["verify"]
         if s.credit > 0:
@@ -138,7 +100,7 @@ async def test_slots_follow_answers_whatever_the_order_of_events(
             ops += ["message", "message"]
         op = rng.choice(ops)
         if op == "deliver":
-            await _deliver(store, d, s, gen, m)
+            await _deliver(store, d, gen, m)
         elif op == "verify":
             rng.shuffle(m.overdue)
             for nonce in m.overdue:
@@ -152,7 +114,7 @@ async def test_slots_follow_answers_whatever_the_order_of_events(
                 m.overdue.remove(nonce)
             d.on_expired_nonces([nonce])
         elif op == "run_out":
-            await _run_out(store, clock, s, m, rng.choice(sorted(m.live)))
+            await _run_out(streams, s, m, rng.choice(sorted(m.live)))
         elif op == "answer_late":
             await _answer_late(store, d, m, rng.choice(sorted(m.ran_out)))
         else:
