@@ -23,17 +23,12 @@ from typing import Any
 
 import grpc
 
+from bench.harness.delayq_runner import _request
 from bench.harness.profiles import TICK, cpu_ticks
-from delayq.v1 import service_pb2, service_pb2_grpc
+from delayq.v1 import service_pb2_grpc
 from tests.support.servers import DelayqProcess, ManagedRedis
 
 SETTINGS = [(1, 4), (2, 4), (2, 1)]  # (workers, client channels)
-
-
-def _request() -> service_pb2.EnqueueRequest:
-    req = service_pb2.EnqueueRequest(queue="bench", payload=b"x" * 100)
-    req.delay.FromSeconds(3600)
-    return req
 
 
 def _server_ticks(supervisor: int) -> int:
@@ -57,7 +52,7 @@ async def _load(address: str, channels: int, concurrency: int, calls: int) -> fl
     for ch in chans:
         await ch.channel_ready()
     left = calls
-    req = _request()
+    req = _request(delay_s=3600)
 
     async def caller(stub: Any) -> None:
         nonlocal left
