@@ -3,7 +3,12 @@
 
 from __future__ import annotations
 
+import base64
+from unittest.mock import patch
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from delayq_server import clock, ids
 
@@ -41,3 +46,37 @@ def test_time_bits_leave_the_timestamp_and_shard_alone(frozen: list[int]) -> Non
     one = ids.new_job_id(3, 4)
     assert ids.created_ms(one) == T
     assert ids.shard_of(one) == 3
+
+
+@given(
+    ms=st.integers(min_value=0, max_value=(1 << 48) - 1),
+    rand=st.integers(min_value=0, max_value=(1 << 64) - 1),
+)
+def test_batch_ids_are_encode_id_digits(ms: int, rand: int) -> None:
+    # new_job_ids encodes the ms once per call: it must give encode_id's digits.
+    with (
+        patch.object(clock, "wall_ns", lambda: ms * 1_000_000 + 999_999),
+        patch.object(ids, "_random64s", lambda count: (rand,) * count),
+    ):
+        made = ids.new_job_ids(3)
+    bits = (rand & ~(31 << 57)) | ids.group_bits(ms)
+    assert made == [ids.encode_id(ms, bits)] * 3
+
+
+@pytest.mark.parametrize("count", [1, 7, 512, 513, 1000])
+def test_a_batch_of_ids_shares_its_time_and_nothing_else(frozen: list[int], count: int) -> None:
+    made = ids.new_job_ids(count) + ids.new_job_ids(count)
+    assert len(set(made)) == 2 * count  # fresh randoms across calls and block refills
+    assert {ids.created_ms(m) for m in made} == {T}
+    assert all(ids.shard_of(m) == 0 for m in made)
+    assert ids.shard_of(ids.with_shard(made[0], 5, 8)) == 5
+    assert ids.with_shard(made[0], 0, 1) == made[0]
+
+
+@given(
+    ms=st.integers(min_value=0, max_value=(1 << 48) - 1),
+    rand=st.integers(min_value=0, max_value=(1 << 64) - 1),
+)
+def test_encode_id_is_base32hex_of_the_14_bytes(ms: int, rand: int) -> None:
+    raw = ms.to_bytes(6, "big") + rand.to_bytes(8, "big")
+    assert ids.encode_id(ms, rand) == base64.b32hexencode(raw).decode().lower().rstrip("=")

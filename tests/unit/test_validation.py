@@ -50,9 +50,10 @@ def test_enqueue_defaults_come_from_config() -> None:
     assert (inp.backoff_initial_ms, inp.multiplier) == (CFG.retry_initial_ms, CFG.retry_multiplier)
 
 
-def test_batch_errors_carry_the_index() -> None:
-    with pytest.raises(InvalidArgument, match=r"^requests\[3\]\.payload"):
-        validation.enqueue(service_pb2.EnqueueRequest(queue="q"), CFG, prefix="requests[3].")
+def test_refusals_start_with_the_field() -> None:
+    # EnqueueBatch names the item by putting "requests[i]." in front of the message.
+    with pytest.raises(InvalidArgument, match=r"^payload: must not be empty$"):
+        validation.enqueue(service_pb2.EnqueueRequest(queue="q"), CFG)
 
 
 def test_nanos_are_checked() -> None:
@@ -120,3 +121,43 @@ def test_job_id_encoding_is_base32hex_of_time_and_random() -> None:
         raw = ms.to_bytes(6, "big") + rand.to_bytes(8, "big")
         want = base64.b32hexencode(raw).decode().rstrip("=").lower()
         assert ids.encode_id(ms, rand) == want
+
+
+MAX_S, MAX_REST_NS = divmod(validation.MAX_DELAY_MS * 1_000_000, 1_000_000_000)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "nanos", "expected"),
+    [
+        (0, 999_999_999, 999),
+        (MAX_S, MAX_REST_NS, validation.MAX_DELAY_MS),  # the horizon itself
+        (MAX_S, MAX_REST_NS + 1_000_000, None),  # one ms past it
+        (-1, 0, None),
+        (1, -1, None),
+        (0, 1_000_000_000, None),
+        (-1, 1_500_000_000, None),  # sums to a valid 500 ms, still refused
+    ],
+)
+def test_delay_bounds(seconds: int, nanos: int, expected: int | None) -> None:
+    req = service_pb2.EnqueueRequest(queue="q", payload=b"x")
+    req.delay.seconds, req.delay.nanos = seconds, nanos
+    if expected is None:
+        with pytest.raises(InvalidArgument, match=r"^delay: "):
+            validation.enqueue(req, CFG)
+    else:
+        assert validation.enqueue(req, CFG).spec.delay_ms == expected
+
+
+@pytest.mark.parametrize(
+    ("headers", "field"),
+    [
+        ({f"k{i}": "v" for i in range(validation.MAX_HEADERS + 1)}, "headers"),
+        ({"é" * 129: "v"}, "headers"),  # 258 UTF-8 bytes
+        ({"k": "v" * (validation.MAX_HEADER_VALUE + 1)}, "headers['k']"),
+    ],
+)
+def test_header_refusals_name_the_field(headers: dict[str, str], field: str) -> None:
+    req = service_pb2.EnqueueRequest(queue="q", payload=b"x", headers=headers)
+    with pytest.raises(InvalidArgument) as refused:
+        validation.enqueue(req, CFG)
+    assert refused.value.message.startswith(field + ": ")

@@ -19,6 +19,7 @@ from delayq_server.store import (
 from delayq_server.store.queues import QueueSettings
 
 _NOTHING: dict[str, Any] = {}  # placeholder; every result is replaced before the reply
+_INVALID = InvalidArgument.code.value[0]
 
 
 def _response_fields(r: EnqueueResult) -> dict[str, Any]:
@@ -54,12 +55,13 @@ class EnqueueRpcs(ServicerBase):
     def _spec(
         self,
         inp: validation.EnqueueInput,
+        id_text: str,
         shards: int,
         trace_headers: dict[str, str],
         settings: QueueSettings | None = None,
     ) -> tuple[int, JobSpec]:
         """Picks the shard and completes the spec (id, trace context, the queue's
-        own defaults) in place."""
+        own defaults) in place; ``id_text`` is a fresh id from ``ids.new_job_ids``."""
         spec = inp.spec
         if settings is not None:
             _queue_defaults(inp, settings)
@@ -68,7 +70,7 @@ class EnqueueRpcs(ServicerBase):
         else:
             self._rr += 1
             shard = self._rr % shards
-        spec.job_id = ids.new_job_id(shard, shards)
+        spec.job_id = id_text if shards <= 1 else ids.with_shard(id_text, shard, shards)
         if trace_headers:  # a producer's own traceparent header wins
             spec.headers = {**trace_headers, **spec.headers}
         return shard, spec
@@ -105,6 +107,7 @@ class EnqueueRpcs(ServicerBase):
         groups: dict[tuple[str, str, int], list[tuple[int, JobSpec]]] = defaultdict(list)
         counts: dict[tuple[str, str], int | Exception] = {}
         settings: dict[tuple[str, str], QueueSettings | None] = {}
+        id_texts = ids.new_job_ids(len(inputs))  # one clock read and one unpack per call
         for index, inp in enumerate(inputs):
             name = (inp.namespace, inp.queue)
             shards = counts.get(name)
@@ -119,7 +122,9 @@ class EnqueueRpcs(ServicerBase):
             if isinstance(shards, Exception):
                 out[index] = shards
                 continue
-            shard, spec = self._spec(inp, shards, trace_headers, settings.get(name))
+            shard, spec = self._spec(
+                inp, id_texts[index], shards, trace_headers, settings.get(name)
+            )
             groups[inp.namespace, inp.queue, shard].append((index, spec))
 
         async def run(group: tuple[str, str, int], items: list[tuple[int, JobSpec]]) -> None:
@@ -173,8 +178,13 @@ class EnqueueRpcs(ServicerBase):
         cfg = self._cfg
         for i, req in enumerate(request.requests):
             try:
-                valid.append((i, validation.enqueue(req, cfg, prefix=f"requests[{i}].")))
-            except Exception as exc:  # one bad item never fails the batch
+                valid.append((i, validation.enqueue(req, cfg)))
+            except InvalidArgument as exc:  # one bad item never fails the batch
+                # The message starts with the field; naming the item costs only refusals.
+                results[i] = {
+                    "error": {"code": _INVALID, "message": f"requests[{i}].{exc.message}"}
+                }
+            except Exception as exc:
                 code, message = errors.to_status(exc)
                 results[i] = {"error": {"code": code.value[0], "message": message}}
         refusals = await self._clock_refusals([inp for _, inp in valid], [i for i, _ in valid])

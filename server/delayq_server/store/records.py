@@ -50,6 +50,8 @@ class JobRecord:
 
 def pack_headers(headers: dict[str, str]) -> bytes:
     """Headers travel inside the record as their own msgpack map (opaque to Lua)."""
+    if not headers:  # most jobs: no packer call
+        return _EMPTY_MAP
     return msgpack.packb(headers, use_bin_type=True)  # type: ignore[no-any-return]
 
 
