@@ -22,11 +22,21 @@ _NOTHING: dict[str, Any] = {}  # placeholder; every result is replaced before th
 _INVALID = InvalidArgument.code.value[0]
 
 
-def _response_fields(r: EnqueueResult) -> dict[str, Any]:
-    """An EnqueueResponse as constructor fields."""
+def _response_fields(
+    r: EnqueueResult, due_memo: dict[int, dict[str, int]] | None = None
+) -> dict[str, Any]:
+    """An EnqueueResponse as constructor fields. A batch shares one due-time dict
+    per due ms through ``due_memo`` (the constructor only reads it)."""
     fields: dict[str, Any] = {"job_id": r.job_id, "duplicate": r.duplicate}
-    if r.due_ms >= 0:  # unknown for a duplicate whose job and record are gone
-        fields["due_time"] = convert.parts(r.due_ms)
+    ms = r.due_ms
+    if ms >= 0:  # unknown for a duplicate whose job and record are gone
+        if due_memo is None:
+            fields["due_time"] = convert.parts(ms)
+        else:
+            due = due_memo.get(ms)
+            if due is None:
+                due = due_memo[ms] = convert.parts(ms)
+            fields["due_time"] = due
     return fields
 
 
@@ -200,6 +210,7 @@ class EnqueueRpcs(ServicerBase):
         if valid:
             stored = await self._store_jobs([inp for _, inp in valid], context)
             statuses: dict[int, dict[str, Any]] = {}  # one log line per failure
+            due_memo: dict[int, dict[str, int]] = {}
             for (i, _), r in zip(valid, stored, strict=True):
                 if isinstance(r, Exception):
                     if id(r) not in statuses:
@@ -207,7 +218,7 @@ class EnqueueRpcs(ServicerBase):
                         statuses[id(r)] = {"error": {"code": code.value[0], "message": message}}
                     results[i] = statuses[id(r)]
                 else:
-                    results[i] = {"response": _response_fields(r)}
+                    results[i] = {"response": _response_fields(r, due_memo)}
         return service_pb2.EnqueueBatchResponse(results=cast(Any, results))  # dicts: see above
 
     async def _batch_quota(

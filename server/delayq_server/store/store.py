@@ -116,7 +116,7 @@ class JobSpec:
     idempotency_key: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one per enqueued job, and a frozen __init__ costs 3x
 class EnqueueResult:
     job_id: str
     due_ms: int
@@ -421,9 +421,13 @@ class Store:
         ]
         out = await self._run("enqueue", [keys.index, keys.ready, keys.stats, keys.expiring], args)
         now = int(out[0])
+        # A stored job is answered with the id it was sent with: only a duplicate's
+        # (the holder of its idempotency key) needs decoding.
         results = [
-            EnqueueResult(_s(out[i]), int(out[i + 1]), out[i + 2] == 1)
-            for i in range(1, len(out), 3)
+            EnqueueResult(_s(out[i]), int(out[i + 1]), True)
+            if out[i + 2] == 1
+            else EnqueueResult(j.job_id, int(out[i + 1]), False)
+            for i, j in zip(range(1, len(out), 3), jobs, strict=True)
         ]
         return results, now
 
