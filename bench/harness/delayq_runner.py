@@ -9,8 +9,8 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, overload
 
 # The redelivery scenario forks worker A from a process that uses gRPC; the child execs at
 # once, so gRPC's fork handlers (and their warning) are not needed.
@@ -55,6 +55,29 @@ def _request(
     return req
 
 
+class BuiltOnSend(Sequence[service_pb2.EnqueueRequest]):
+    """Requests for the given delays, each built when its batch is sliced off to be
+    sent: the producer builds batch k+1 while the server stores batch k, as one reading
+    from a source would. The BullMQ runner builds its addBulk chunks the same way."""
+
+    def __init__(self, delays_s: list[float]) -> None:
+        self._delays = delays_s
+
+    def __len__(self) -> int:
+        return len(self._delays)
+
+    @overload
+    def __getitem__(self, i: int) -> service_pb2.EnqueueRequest: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[service_pb2.EnqueueRequest]: ...
+    def __getitem__(
+        self, i: int | slice
+    ) -> service_pb2.EnqueueRequest | list[service_pb2.EnqueueRequest]:
+        if isinstance(i, slice):
+            return [_request(delay_s=d) for d in self._delays[i]]
+        return _request(delay_s=self._delays[i])
+
+
 def _check_batch(resp: service_pb2.EnqueueBatchResponse) -> None:
     for result in resp.results:
         if result.HasField("error"):
@@ -63,7 +86,7 @@ def _check_batch(resp: service_pb2.EnqueueBatchResponse) -> None:
 
 async def enqueue_batched(
     stub: Stub,
-    requests: list[service_pb2.EnqueueRequest],
+    requests: Sequence[service_pb2.EnqueueRequest],
     *,
     batch_size: int,
     concurrency: int,
@@ -263,7 +286,7 @@ async def scenario_enqueue(stub: Stub, p: dict[str, Any], target: str) -> dict[s
         progress = Progress("delayq enqueue (batched)", jobs)
         await enqueue_batched(
             stub,
-            [_request(delay_s=d) for d in delays(p)],
+            BuiltOnSend(delays(p)),
             batch_size=int(p["batch_size"]),
             concurrency=int(p["batch_concurrency"]),
             on_batch=lambda n, _t: progress.update(n),

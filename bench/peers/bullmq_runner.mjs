@@ -69,6 +69,7 @@ function delaysMs(p) {
 
 const nowMs = () => performance.timeOrigin + performance.now();
 
+// jobs: an array, or anything with length and slice(start, end) (built on send).
 async function addBatched(queue, jobs, batchSize, concurrency, onBatch) {
   let next = 0;
   async function loop() {
@@ -114,7 +115,13 @@ async function scenarioEnqueue(conn, p) {
     await Promise.all(Array.from({ length: p.concurrency }, loop));
   } else {
     const progress = new Progress("bullmq enqueue (addBulk)", jobs);
-    const all = delaysMs(p).map((d) => ({ name: "job", data: { p: PAYLOAD }, opts: { delay: d } }));
+    // Each chunk's jobs are built when it is sent, as delayq's runner builds its requests
+    // (BuiltOnSend): the producer's work overlaps the store's.
+    const delays = delaysMs(p);
+    const all = {
+      length: delays.length,
+      slice: (s, e) => delays.slice(s, e).map((d) => ({ name: "job", data: { p: PAYLOAD }, opts: { delay: d } })),
+    };
     await addBatched(queue, all, p.batch_size, p.batch_concurrency, (_s, end) => progress.update(end));
   }
   const seconds = (performance.now() - start) / 1000;
