@@ -62,28 +62,19 @@ def _shard_for(key: str, shards: int) -> int:
 class EnqueueRpcs(ServicerBase):
     """Mixed into DelayQueueService."""
 
-    def _spec(
-        self,
-        inp: validation.EnqueueInput,
-        id_text: str,
-        shards: int,
-        trace_headers: dict[str, str],
-        settings: QueueSettings | None = None,
-    ) -> tuple[int, JobSpec]:
-        """Picks the shard and completes the spec (id, trace context, the queue's
-        own defaults) in place; ``id_text`` is a fresh id from ``ids.new_job_ids``."""
-        spec = inp.spec
-        if settings is not None:
-            _queue_defaults(inp, settings)
-        if spec.idempotency_key:
-            shard = _shard_for(spec.idempotency_key, shards)
-        else:
-            self._rr += 1
-            shard = self._rr % shards
-        spec.job_id = id_text if shards <= 1 else ids.with_shard(id_text, shard, shards)
-        if trace_headers:  # a producer's own traceparent header wins
-            spec.headers = {**trace_headers, **spec.headers}
-        return shard, spec
+    async def _queue_for_enqueue(
+        self, namespace: str, queue: str
+    ) -> tuple[int | Exception, QueueSettings | None]:
+        """A queue's shard count (created on first use) and its settings when they
+        fill request defaults; an exception here answers that queue's items only."""
+        try:
+            shards = await self._shards(namespace, queue, create=True)
+            # Cached per replica after the first call (store/queues.py).
+            qs = await self._store.queues.settings(namespace, queue)
+        except Exception as exc:
+            return exc, None
+        fills = qs is not None and (qs.max_attempts or qs.retry is not None)
+        return shards, qs if fills else None
 
     async def _clock_refusals(
         self, inputs: list[validation.EnqueueInput], batch_indexes: list[int] | None = None
@@ -115,27 +106,33 @@ class EnqueueRpcs(ServicerBase):
         out: list[EnqueueResult | Exception | None] = [None] * len(inputs)
         # Grouped by plain tuples: a ShardKeys per job was 5% of a batch (issue 12 profile).
         groups: dict[tuple[str, str, int], list[tuple[int, JobSpec]]] = defaultdict(list)
-        counts: dict[tuple[str, str], int | Exception] = {}
-        settings: dict[tuple[str, str], QueueSettings | None] = {}
+        # Per queue: its shard count (or the exception that answers its items) and its
+        # settings when they fill defaults the request left open (issue 14), else None.
+        queues: dict[tuple[str, str], tuple[int | Exception, QueueSettings | None]] = {}
         id_texts = ids.new_job_ids(len(inputs))  # one clock read and one unpack per call
         for index, inp in enumerate(inputs):
-            name = (inp.namespace, inp.queue)
-            shards = counts.get(name)
-            if shards is None:
-                try:
-                    shards = await self._shards(inp.namespace, inp.queue, create=True)
-                    # Cached per replica after the first call (store/queues.py).
-                    settings[name] = await self._store.queues.settings(*name)
-                except Exception as exc:  # answered per item below
-                    shards = exc
-                counts[name] = shards
+            ns, queue = inp.namespace, inp.queue
+            found = queues.get((ns, queue))
+            if found is None:
+                found = queues[ns, queue] = await self._queue_for_enqueue(ns, queue)
+            shards, fills = found
             if isinstance(shards, Exception):
                 out[index] = shards
                 continue
-            shard, spec = self._spec(
-                inp, id_texts[index], shards, trace_headers, settings.get(name)
+            spec = inp.spec
+            if fills is not None:
+                _queue_defaults(inp, fills)
+            if spec.idempotency_key:  # duplicates must meet in one script
+                shard = _shard_for(spec.idempotency_key, shards)
+            else:
+                self._rr += 1
+                shard = self._rr % shards
+            spec.job_id = (
+                id_texts[index] if shards <= 1 else ids.with_shard(id_texts[index], shard, shards)
             )
-            groups[inp.namespace, inp.queue, shard].append((index, spec))
+            if trace_headers:  # a producer's own traceparent header wins
+                spec.headers = {**trace_headers, **spec.headers}
+            groups[ns, queue, shard].append((index, spec))
 
         async def run(group: tuple[str, str, int], items: list[tuple[int, JobSpec]]) -> None:
             keys = ShardKeys(*group)
@@ -229,6 +226,8 @@ class EnqueueRpcs(ServicerBase):
         """Each namespace's jobs of a batch pass its quotas together or are refused per item."""
         assert self._quotas is not None
         refused = await self._quotas.enqueue_many([inp.namespace for _, inp in valid])
+        if not refused:
+            return valid
         for i, inp in valid:
             refusal = refused.get(inp.namespace)
             if refusal is not None:
