@@ -48,19 +48,36 @@ def test_time_bits_leave_the_timestamp_and_shard_alone(frozen: list[int]) -> Non
     assert ids.shard_of(one) == 3
 
 
-@given(
-    ms=st.integers(min_value=0, max_value=(1 << 48) - 1),
-    rand=st.integers(min_value=0, max_value=(1 << 64) - 1),
-)
-def test_batch_ids_are_encode_id_digits(ms: int, rand: int) -> None:
-    # new_job_ids encodes the ms once per call: it must give encode_id's digits.
-    with (
-        patch.object(clock, "wall_ns", lambda: ms * 1_000_000 + 999_999),
-        patch.object(ids, "_random64s", lambda count: (rand,) * count),
-    ):
-        made = ids.new_job_ids(3)
-    bits = (rand & ~(31 << 57)) | ids.group_bits(ms)
-    assert made == [ids.encode_id(ms, bits)] * 3
+def _decoded(job_id: str) -> tuple[int, int]:
+    """An id's creation ms and 64-bit random part (encode_id's inverse)."""
+    v = int(job_id + "0", 32)  # the dropped 24th digit is padding
+    assert v & 255 == 0
+    return v >> 72, (v >> 8) & ((1 << 64) - 1)
+
+
+@given(ms=st.integers(min_value=0, max_value=(1 << 48) - 1), count=st.integers(1, 40))
+def test_batch_ids_are_encode_id_digits(ms: int, count: int) -> None:
+    # new_job_ids builds digits by table, not through encode_id: each id must be
+    # encode_id's text for its ms and a random part that carries the group bits.
+    with patch.object(clock, "wall_ns", lambda: ms * 1_000_000 + 999_999):
+        made = ids.new_job_ids(count)
+    for job_id in made:
+        made_ms, rand = _decoded(job_id)
+        assert made_ms == ms
+        assert rand & (31 << 57) == ids.group_bits(ms)
+        assert ids.encode_id(ms, rand) == job_id
+
+
+def test_batch_ids_use_all_59_random_bits(frozen: list[int]) -> None:
+    randoms = [_decoded(m)[1] for m in ids.new_job_ids(4000)]
+    varying = 0
+    for bit in range(64):
+        ones = sum(r >> bit & 1 for r in randoms)
+        if 1000 < ones < 3000:  # a fair bit is set about 2,000 times in 4,000
+            varying += 1
+        else:
+            assert ones in (0, 4000), f"bit {bit} is biased: {ones} of 4000"
+    assert varying == 59  # 64 minus the 5 group bits
 
 
 @pytest.mark.parametrize("count", [1, 7, 512, 513, 1000])
