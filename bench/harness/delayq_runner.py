@@ -415,6 +415,9 @@ async def main() -> None:
     params: dict[str, Any] = json.loads(args.params)
     async with grpc.aio.insecure_channel(args.target, options=CHANNEL_OPTIONS) as channel:
         stub = service_pb2_grpc.DelayQueueServiceStub(channel)
+        # Connected before any clock starts, as BullMQ's runner awaits
+        # queue.waitUntilReady() before its own.
+        await channel.channel_ready()
         scenario = args.scenario
         if scenario == "enqueue":
             result = await scenario_enqueue(stub, params, args.target)
