@@ -60,6 +60,9 @@ def test_durations_and_timestamps() -> None:
     # Whole seconds take a shortcut: the same message as through timedelta.
     for seconds in (0, 1, 3600, -5, 10**9):
         assert to_duration(seconds) == to_duration(timedelta(seconds=seconds))
+        assert to_duration(float(seconds)) == to_duration(timedelta(seconds=seconds))
+    for fraction in (0.5, -2.25, 3600.001):
+        assert to_duration(fraction) == to_duration(timedelta(seconds=fraction))
     with pytest.raises(TypeError):
         to_duration(True)
 

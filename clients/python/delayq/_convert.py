@@ -43,6 +43,9 @@ def to_duration(value: DurationLike) -> duration_pb2.Duration:
     """timedelta (or seconds) -> google.protobuf.Duration."""
     if type(value) is int:  # whole seconds (the usual delay): no timedelta, 4x cheaper
         return duration_pb2.Duration(seconds=value)
+    # 3600.0 too; up to Duration's own bound (10,000 years), beyond it the timedelta path raises.
+    if type(value) is float and value.is_integer() and abs(value) <= 315_576_000_000:
+        return duration_pb2.Duration(seconds=int(value))
     td = to_timedelta(value)
     micros = (td.days * 86400 + td.seconds) * 1_000_000 + td.microseconds
     seconds, rem = divmod(abs(micros), 1_000_000)
