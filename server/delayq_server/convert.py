@@ -31,17 +31,19 @@ def job(keys: ShardKeys, job_id: str, rec: JobRecord, now_ms: int) -> job_pb2.Jo
     return job_pb2.Job(**job_fields(keys, job_id, rec, now_ms))
 
 
-def delivery(
+def delivery_fields(
     keys: ShardKeys, job_id: str, rec: JobRecord, token: str, lease_deadline_ms: int
-) -> job_pb2.Delivery:
-    """A Delivery of a job just leased (its last delivery time is the claim's now)."""
-    fields: dict[str, Any] = {
+) -> dict[str, Any]:
+    """A Delivery of a job just leased (its last delivery time is the claim's now),
+    as the fields a ConsumeResponse's ``deliveries`` accepts: the response builds
+    each Delivery in place, where Delivery messages would be built and then copied
+    into it (6.96 -> 5.65 us per delivery with the copy and serialization, issue 12)."""
+    return {
         "job": job_fields(keys, job_id, rec, rec.last_delivery_ms),
         "lease_token": token,
         "attempt": rec.attempts,
         "lease_deadline": parts(lease_deadline_ms),
     }
-    return job_pb2.Delivery(**fields)
 
 
 def job_fields(keys: ShardKeys, job_id: str, rec: JobRecord, now_ms: int) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import Any
+from typing import Any, cast
 
 from delayq.v1 import service_pb2
 from delayq_server import convert, errors, framing, ids, lateness, logs, validation
@@ -62,7 +62,7 @@ class ConsumeRpcs(ServicerBase):
             async for batch in stream.deliveries():
                 claimed_at = time.monotonic()
                 deliveries = [
-                    convert.delivery(
+                    convert.delivery_fields(
                         keys,
                         c.job_id,
                         c.record,
@@ -87,7 +87,8 @@ class ConsumeRpcs(ServicerBase):
                 sizes = [framing.bound(c.record) for _, c in batch]
                 for start, end in framing.split(sizes, cap):
                     stream.mark_sent(c.nonce for _, c in batch[start:end])
-                    yield service_pb2.ConsumeResponse(deliveries=deliveries[start:end])
+                    # Delivery dicts: see convert.delivery_fields.
+                    yield service_pb2.ConsumeResponse(deliveries=cast(Any, deliveries[start:end]))
         finally:
             self._dispatcher.close(stream)
             logs.event(

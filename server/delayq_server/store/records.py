@@ -19,9 +19,13 @@ class JobState(enum.IntEnum):
     COMPLETED = 5
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class JobRecord:
-    """A decoded job record. Times are Redis-clock milliseconds; 0 means unset."""
+    """A decoded job record. Times are Redis-clock milliseconds; 0 means unset.
+
+    Read-only by convention, not frozen: one is built per delivery, and a frozen
+    __init__ of 16 fields cost 1.7 us against 0.45 (issue 12 drain profile).
+    """
 
     state: JobState
     attempts: int
