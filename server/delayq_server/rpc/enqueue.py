@@ -109,7 +109,7 @@ class EnqueueRpcs(ServicerBase):
         # Per queue: its shard count (or the exception that answers its items) and its
         # settings when they fill defaults the request left open (issue 14), else None.
         queues: dict[tuple[str, str], tuple[int | Exception, QueueSettings | None]] = {}
-        id_texts = ids.new_job_ids(len(inputs))  # one clock read and one unpack per call
+        id_texts = ids.new_job_ids(len(inputs))  # made a call at a time: one clock read
         for index, inp in enumerate(inputs):
             ns, queue = inp.namespace, inp.queue
             found = queues.get((ns, queue))
