@@ -144,6 +144,18 @@ async def enqueue_latency(stub: Stub, jobs: int, *, delay_s: float) -> list[floa
     return out
 
 
+async def enqueue_client_latency(client: AsyncClient, jobs: int, *, delay_s: float) -> list[float]:
+    """One AsyncClient.enqueue at a time (a message on its EnqueueStream): each one's
+    latency, in ms. The stream opens on the first call, outside the figures."""
+    await client.enqueue(QUEUE, PAYLOAD_BYTES, delay=delay_s)
+    out: list[float] = []
+    for _ in range(jobs):
+        start = time.perf_counter_ns()
+        await client.enqueue(QUEUE, PAYLOAD_BYTES, delay=delay_s)
+        out.append((time.perf_counter_ns() - start) / 1e6)
+    return out
+
+
 async def enqueue_single(stub: Stub, jobs: int, *, concurrency: int, delay_s: float) -> None:
     """Unary Enqueue calls over the raw stub, `concurrency` in flight."""
     next_index = 0
@@ -270,9 +282,14 @@ async def scenario_enqueue(stub: Stub, p: dict[str, Any], target: str) -> dict[s
             await enqueue_client(client, jobs, concurrency=int(p["concurrency"]), delay_s=delay_s)
             seconds = time.perf_counter() - start
         return {"jobs": jobs, "seconds": seconds, "rate": jobs / seconds}
-    start = time.perf_counter()
-    if p["mode"] == "latency":
-        lat = await enqueue_latency(stub, jobs, delay_s=delay_s)
+    if p["mode"] in ("latency", "client_latency"):  # one call at a time: the p50
+        if p["mode"] == "latency":
+            start = time.perf_counter()
+            lat = await enqueue_latency(stub, jobs, delay_s=delay_s)
+        else:
+            async with await open_client(target) as client:
+                start = time.perf_counter()
+                lat = await enqueue_client_latency(client, jobs, delay_s=delay_s)
         seconds = time.perf_counter() - start
         return {
             "jobs": jobs,
@@ -280,6 +297,7 @@ async def scenario_enqueue(stub: Stub, p: dict[str, Any], target: str) -> dict[s
             "rate": jobs / seconds,
             "p50_ms": statistics.median(lat),
         }
+    start = time.perf_counter()
     if p["mode"] == "unary":
         await enqueue_single(stub, jobs, concurrency=int(p["concurrency"]), delay_s=delay_s)
     else:

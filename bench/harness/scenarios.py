@@ -55,6 +55,12 @@ def metrics(rates: list[int]) -> list[Metric]:
         ),
         Metric("enqueue_unary", "enqueue, unary RPC, 50 in flight (raw stub)", "jobs/s", "higher"),
         Metric("enqueue_p50_c1", "enqueue, one call at a time: p50", "ms", "lower", "< 0.5"),
+        Metric(
+            "enqueue_client_p50_c1",
+            "enqueue, one at a time through the Python AsyncClient (EnqueueStream): p50",
+            "ms",
+            "lower",
+        ),
         Metric("enqueue_batch", "enqueue, batched (best API)", "jobs/s", "higher", ">= 2x BullMQ"),
         Metric("drain", "drain: consume + ack, all due", "jobs/s", "higher", ">= 20,000"),
         Metric(
@@ -132,6 +138,8 @@ class Step:
         if self.scenario == "enqueue":
             if self.params["mode"] == "latency":
                 return {"enqueue_p50_c1": float(result["p50_ms"])}
+            if self.params["mode"] == "client_latency":
+                return {"enqueue_client_p50_c1": float(result["p50_ms"])}
             return {f"enqueue_{self.params['mode']}": float(result["rate"])}
         if self.scenario == "drain":
             return {"drain": float(result["rate"])}
@@ -218,6 +226,14 @@ def plan(system: str, args: argparse.Namespace) -> list[Step]:
                 {**common, "mode": "latency", "jobs": args.enqueue_latency_jobs},
             )
         )
+        if system == "delayq":
+            steps.append(
+                Step(
+                    "enqueue",
+                    "enqueue one at a time (client)",
+                    {**common, "mode": "client_latency", "jobs": args.enqueue_latency_jobs},
+                )
+            )
         if system != "arq":
             steps.append(
                 Step(

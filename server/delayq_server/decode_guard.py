@@ -65,7 +65,21 @@ def guard(handler: Handler) -> Handler:
         return grpc.unary_stream_rpc_method_handler(
             unary_stream, response_serializer=handler.response_serializer
         )
-    return handler  # client-streaming RPCs: none in delayq
+    if handler.stream_stream is not None:  # EnqueueStream: each message decoded here
+        streams = handler.stream_stream
+
+        async def stream_stream(raws: AsyncIterator[bytes], context: Context) -> AsyncIterator[Any]:
+            async def decoded() -> AsyncIterator[Any]:
+                async for raw in raws:
+                    yield await _decode(deserializer, raw, context)
+
+            async for item in streams(decoded(), context):
+                yield item
+
+        return grpc.stream_stream_rpc_method_handler(
+            stream_stream, response_serializer=handler.response_serializer
+        )
+    return handler  # client-streaming RPCs with one response: none in delayq
 
 
 class DecodeGuard(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]

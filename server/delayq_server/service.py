@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from delayq.v1 import service_pb2_grpc
 from delayq_server.rpc.consume import ConsumeRpcs
-from delayq_server.rpc.enqueue import EnqueueRpcs
+from delayq_server.rpc.enqueue_stream import EnqueueStreamRpcs
 from delayq_server.rpc.jobs import JobRpcs
 from delayq_server.rpc.leases import LeaseRpcs
 from delayq_server.rpc.queues import QueueRpcs
@@ -17,7 +17,7 @@ from delayq_server.rpc.release import ReleaseRpcs
 
 
 class DelayQueueService(
-    EnqueueRpcs,
+    EnqueueStreamRpcs,
     ConsumeRpcs,
     LeaseRpcs,
     ReleaseRpcs,

@@ -54,12 +54,17 @@ class SyncCounter(grpc.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]
         return continuation(details, request)
 
 
+# The call transport (Batching.stream=False); the EnqueueStream transport that is the
+# default is tested with the same cases in test_enqueue_stream_client.py.
+CALLS = Batching(stream=False)
+
+
 async def test_concurrent_async_enqueues_travel_in_few_batch_calls(target: str) -> None:
     counter = AioCounter()
     channel = aio.insecure_channel(
         target, options=channel_options(), interceptors=[cast(Any, counter)]
     )
-    async with AsyncClient(channel=channel) as client:
+    async with AsyncClient(channel=channel, batching=CALLS) as client:
         results = await asyncio.gather(*(client.enqueue("q", {"n": i}) for i in range(200)))
         assert len({r.job_id for r in results}) == 200
         # 200 calls started in one loop turn: spread over the 4 slots (25 or more each).
@@ -103,7 +108,7 @@ async def test_busy_async_callers_keep_several_batch_calls_in_flight(target: str
     channel = aio.insecure_channel(
         target, options=channel_options(), interceptors=[cast(Any, overlap)]
     )
-    settings = Batching(max_in_flight=3)
+    settings = Batching(max_in_flight=3, stream=False)
     results: list[EnqueueResult] = []
     async with AsyncClient(channel=channel, batching=settings) as client:
 
@@ -123,15 +128,16 @@ async def test_a_lone_async_enqueue_is_a_plain_enqueue_call(target: str) -> None
     channel = aio.insecure_channel(
         target, options=channel_options(), interceptors=[cast(Any, counter)]
     )
-    async with AsyncClient(channel=channel) as client:
+    async with AsyncClient(channel=channel, batching=CALLS) as client:
         for i in range(3):
             await client.enqueue("q", i)
     assert counter.calls[ENQUEUE] == 3 and counter.calls[BATCH] == 0, counter.calls
     await channel.close(None)
 
 
-async def test_each_caller_gets_its_own_refusal(target: str) -> None:
-    async with AsyncClient(target) as client:
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "calls"])
+async def test_each_caller_gets_its_own_refusal(target: str, stream: bool) -> None:
+    async with AsyncClient(target, batching=Batching(stream=stream)) as client:
         queues = ["ok", "no:pe", "ok", "also bad!", "ok"]
         outcomes = await asyncio.gather(
             *(client.enqueue(q, i) for i, q in enumerate(queues)), return_exceptions=True
@@ -147,9 +153,12 @@ async def test_each_caller_gets_its_own_refusal(target: str) -> None:
         assert (await client.stats("ok")).enqueued_total == 3
 
 
-async def test_a_failed_batch_call_fails_every_caller() -> None:
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "calls"])
+async def test_a_failed_batch_call_fails_every_caller(stream: bool) -> None:
     dead = f"127.0.0.1:{free_port()}"  # nothing listens there
-    async with AsyncClient(dead, timeout=5.0, retry_deadline=0.0) as client:
+    async with AsyncClient(
+        dead, timeout=5.0, retry_deadline=0.0, batching=Batching(stream=stream)
+    ) as client:
         outcomes = await asyncio.gather(
             *(client.enqueue("q", i) for i in range(5)), return_exceptions=True
         )

@@ -284,6 +284,48 @@ def test_cross_tenant_attacks_of_issue_9_are_refused(auth_srv: AuthServer, ns: s
     assert list(owned.results) == [service_pb2.ACK_RESULT_ACKED]
 
 
+def _stream(stub: Stub, *batches: service_pb2.EnqueueStreamRequest) -> list[Any]:
+    return list(stub.EnqueueStream(iter(batches), timeout=10))
+
+
+def test_enqueue_stream_checks_credentials_at_open_and_namespaces_per_batch(
+    auth_srv: AuthServer, ns: str
+) -> None:
+    other = ns + "-b"
+    r = redis.Redis.from_url(auth_srv.redis.url)
+    one = service_pb2.EnqueueStreamRequest(
+        batch_id=1, requests=[service_pb2.EnqueueRequest(namespace=ns, queue="q", payload=b"x")]
+    )
+    for token, code in (
+        (None, grpc.StatusCode.UNAUTHENTICATED),
+        ("nonsense", grpc.StatusCode.UNAUTHENTICATED),
+        (auth_srv.token(ns, "consume", "read", "admin"), grpc.StatusCode.PERMISSION_DENIED),
+    ):
+        with pytest.raises(grpc.RpcError) as info:
+            _stream(auth_srv.stub(token), one)
+        assert info.value.code() == code
+    assert not list(r.scan_iter(match=f"*{ns}*"))
+    # A produce token of `ns`: a batch naming another namespace is refused on its own,
+    # nothing of it stored, and the stream goes on with the caller's own batch.
+    producer = auth_srv.stub(auth_srv.token(ns, "produce"))
+    mixed = service_pb2.EnqueueStreamRequest(
+        batch_id=2,
+        requests=[
+            service_pb2.EnqueueRequest(namespace=ns, queue="q", payload=b"x"),
+            service_pb2.EnqueueRequest(namespace=other, queue="q", payload=b"x"),
+        ],
+    )
+    refused, stored = sorted(_stream(producer, mixed, one), key=lambda a: -a.batch_id)
+    assert (
+        refused.batch_id == 2 and refused.error.code == grpc.StatusCode.PERMISSION_DENIED.value[0]
+    )
+    assert refused.error.message.startswith("namespace: ")
+    assert stored.batch_id == 1 and stored.results[0].response.job_id
+    assert not list(r.scan_iter(match=f"*{other}*"))
+    assert len(list(r.scan_iter(match=f"*{ns}/q*"))) > 0
+    r.close()
+
+
 def test_lease_token_with_a_flipped_character_or_forged_is_refused(
     auth_srv: AuthServer, ns: str
 ) -> None:

@@ -23,6 +23,7 @@ ROLE = {
 class _Bearer(
     grpc.UnaryUnaryClientInterceptor,  # type: ignore[type-arg]
     grpc.UnaryStreamClientInterceptor,  # type: ignore[type-arg]
+    grpc.StreamStreamClientInterceptor,  # type: ignore[type-arg]
 ):
     def __init__(self, token: str) -> None:
         self._md = ("authorization", f"Bearer {token}")
@@ -40,6 +41,11 @@ class _Bearer(
         self, continuation: Callable[..., Any], details: Any, request: Any
     ) -> Any:
         return continuation(self._details(details), request)
+
+    def intercept_stream_stream(
+        self, continuation: Callable[..., Any], details: Any, requests: Any
+    ) -> Any:
+        return continuation(self._details(details), requests)
 
 
 class AuthServer:

@@ -25,7 +25,11 @@ def test_every_rpc_has_an_explicit_rule() -> None:
 
 def test_roles_follow_the_issue() -> None:
     q = "/delayq.v1.DelayQueueService/"
-    assert {m for m, r in RULES.items() if r.role == PRODUCE} == {q + "Enqueue", q + "EnqueueBatch"}
+    assert {m for m, r in RULES.items() if r.role == PRODUCE} == {
+        q + "Enqueue",
+        q + "EnqueueBatch",
+        q + "EnqueueStream",
+    }
     assert {m.rsplit("/", 1)[1] for m, r in RULES.items() if r.role == CONSUME} == {
         "Consume", "Ack", "Nack", "ExtendLease", "Release"
     }  # fmt: skip

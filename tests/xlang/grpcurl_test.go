@@ -33,7 +33,7 @@ func TestGrpcurlListAndDescribe(t *testing.T) {
 		}
 	}
 	methods := grpcurl(t, addr, "list", service)
-	for _, m := range []string{"Enqueue", "EnqueueBatch", "Consume", "Ack", "Nack", "ExtendLease"} {
+	for _, m := range []string{"Enqueue", "EnqueueBatch", "EnqueueStream", "Consume", "Ack", "Nack", "ExtendLease"} {
 		if !strings.Contains(methods, service+"."+m+"\n") {
 			t.Errorf("list %s: %s missing from\n%s", service, m, methods)
 		}

@@ -568,6 +568,127 @@ func (x *EnqueueBatchResponse) GetResults() []*EnqueueBatchResult {
 	return nil
 }
 
+// EnqueueStreamRequest is one batch on an EnqueueStream.
+type EnqueueStreamRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Chosen by the client to match the answer; unique among its batches in flight.
+	BatchId uint64 `protobuf:"varint,1,opt,name=batch_id,json=batchId,proto3" json:"batch_id,omitempty"`
+	// 1 to 1000 jobs, as in EnqueueBatchRequest.
+	Requests      []*EnqueueRequest `protobuf:"bytes,2,rep,name=requests,proto3" json:"requests,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EnqueueStreamRequest) Reset() {
+	*x = EnqueueStreamRequest{}
+	mi := &file_delayq_v1_service_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EnqueueStreamRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EnqueueStreamRequest) ProtoMessage() {}
+
+func (x *EnqueueStreamRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_delayq_v1_service_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EnqueueStreamRequest.ProtoReflect.Descriptor instead.
+func (*EnqueueStreamRequest) Descriptor() ([]byte, []int) {
+	return file_delayq_v1_service_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *EnqueueStreamRequest) GetBatchId() uint64 {
+	if x != nil {
+		return x.BatchId
+	}
+	return 0
+}
+
+func (x *EnqueueStreamRequest) GetRequests() []*EnqueueRequest {
+	if x != nil {
+		return x.Requests
+	}
+	return nil
+}
+
+// EnqueueStreamResponse answers one EnqueueStreamRequest.
+type EnqueueStreamResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The request's batch_id.
+	BatchId uint64 `protobuf:"varint,1,opt,name=batch_id,json=batchId,proto3" json:"batch_id,omitempty"`
+	// Results, index-aligned with the request's jobs (empty when `error` is set).
+	Results []*EnqueueBatchResult `protobuf:"bytes,2,rep,name=results,proto3" json:"results,omitempty"`
+	// Set when the whole batch was refused and none of its jobs stored: what a unary
+	// EnqueueBatch would have failed with (INVALID_ARGUMENT for an empty or oversized
+	// batch, PERMISSION_DENIED for a namespace the credentials do not cover).
+	Error         *BatchError `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EnqueueStreamResponse) Reset() {
+	*x = EnqueueStreamResponse{}
+	mi := &file_delayq_v1_service_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EnqueueStreamResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EnqueueStreamResponse) ProtoMessage() {}
+
+func (x *EnqueueStreamResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_delayq_v1_service_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EnqueueStreamResponse.ProtoReflect.Descriptor instead.
+func (*EnqueueStreamResponse) Descriptor() ([]byte, []int) {
+	return file_delayq_v1_service_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *EnqueueStreamResponse) GetBatchId() uint64 {
+	if x != nil {
+		return x.BatchId
+	}
+	return 0
+}
+
+func (x *EnqueueStreamResponse) GetResults() []*EnqueueBatchResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+func (x *EnqueueStreamResponse) GetError() *BatchError {
+	if x != nil {
+		return x.Error
+	}
+	return nil
+}
+
 // ConsumeRequest opens a delivery stream.
 type ConsumeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -596,7 +717,7 @@ type ConsumeRequest struct {
 
 func (x *ConsumeRequest) Reset() {
 	*x = ConsumeRequest{}
-	mi := &file_delayq_v1_service_proto_msgTypes[6]
+	mi := &file_delayq_v1_service_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -608,7 +729,7 @@ func (x *ConsumeRequest) String() string {
 func (*ConsumeRequest) ProtoMessage() {}
 
 func (x *ConsumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_service_proto_msgTypes[6]
+	mi := &file_delayq_v1_service_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -621,7 +742,7 @@ func (x *ConsumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsumeRequest.ProtoReflect.Descriptor instead.
 func (*ConsumeRequest) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_service_proto_rawDescGZIP(), []int{6}
+	return file_delayq_v1_service_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ConsumeRequest) GetNamespace() string {
@@ -677,7 +798,7 @@ type ConsumeResponse struct {
 
 func (x *ConsumeResponse) Reset() {
 	*x = ConsumeResponse{}
-	mi := &file_delayq_v1_service_proto_msgTypes[7]
+	mi := &file_delayq_v1_service_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -689,7 +810,7 @@ func (x *ConsumeResponse) String() string {
 func (*ConsumeResponse) ProtoMessage() {}
 
 func (x *ConsumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_service_proto_msgTypes[7]
+	mi := &file_delayq_v1_service_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -702,7 +823,7 @@ func (x *ConsumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsumeResponse.ProtoReflect.Descriptor instead.
 func (*ConsumeResponse) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_service_proto_rawDescGZIP(), []int{7}
+	return file_delayq_v1_service_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ConsumeResponse) GetDeliveries() []*Delivery {
@@ -723,7 +844,7 @@ type AckRequest struct {
 
 func (x *AckRequest) Reset() {
 	*x = AckRequest{}
-	mi := &file_delayq_v1_service_proto_msgTypes[8]
+	mi := &file_delayq_v1_service_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -735,7 +856,7 @@ func (x *AckRequest) String() string {
 func (*AckRequest) ProtoMessage() {}
 
 func (x *AckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_service_proto_msgTypes[8]
+	mi := &file_delayq_v1_service_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -748,7 +869,7 @@ func (x *AckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckRequest.ProtoReflect.Descriptor instead.
 func (*AckRequest) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_service_proto_rawDescGZIP(), []int{8}
+	return file_delayq_v1_service_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *AckRequest) GetLeaseTokens() []string {
@@ -769,7 +890,7 @@ type AckResponse struct {
 
 func (x *AckResponse) Reset() {
 	*x = AckResponse{}
-	mi := &file_delayq_v1_service_proto_msgTypes[9]
+	mi := &file_delayq_v1_service_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -781,7 +902,7 @@ func (x *AckResponse) String() string {
 func (*AckResponse) ProtoMessage() {}
 
 func (x *AckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_service_proto_msgTypes[9]
+	mi := &file_delayq_v1_service_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -794,7 +915,7 @@ func (x *AckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckResponse.ProtoReflect.Descriptor instead.
 func (*AckResponse) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_service_proto_rawDescGZIP(), []int{9}
+	return file_delayq_v1_service_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *AckResponse) GetResults() []AckResult {
@@ -815,7 +936,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_delayq_v1_service_proto_msgTypes[10]
+	mi := &file_delayq_v1_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -827,7 +948,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_service_proto_msgTypes[10]
+	mi := &file_delayq_v1_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -840,7 +961,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_service_proto_rawDescGZIP(), []int{10}
+	return file_delayq_v1_service_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ReleaseRequest) GetLeaseTokens() []string {
@@ -861,7 +982,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_delayq_v1_service_proto_msgTypes[11]
+	mi := &file_delayq_v1_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -873,7 +994,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_service_proto_msgTypes[11]
+	mi := &file_delayq_v1_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -886,7 +1007,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_service_proto_rawDescGZIP(), []int{11}
+	return file_delayq_v1_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ReleaseResponse) GetResults() []ReleaseResult {
@@ -913,7 +1034,7 @@ type NackRequest struct {
 
 func (x *NackRequest) Reset() {
 	*x = NackRequest{}
-	mi := &file_delayq_v1_service_proto_msgTypes[12]
+	mi := &file_delayq_v1_service_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -925,7 +1046,7 @@ func (x *NackRequest) String() string {
 func (*NackRequest) ProtoMessage() {}
 
 func (x *NackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_service_proto_msgTypes[12]
+	mi := &file_delayq_v1_service_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -938,7 +1059,7 @@ func (x *NackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NackRequest.ProtoReflect.Descriptor instead.
 func (*NackRequest) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_service_proto_rawDescGZIP(), []int{12}
+	return file_delayq_v1_service_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *NackRequest) GetLeaseToken() string {
@@ -983,7 +1104,7 @@ type NackResponse struct {
 
 func (x *NackResponse) Reset() {
 	*x = NackResponse{}
-	mi := &file_delayq_v1_service_proto_msgTypes[13]
+	mi := &file_delayq_v1_service_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -995,7 +1116,7 @@ func (x *NackResponse) String() string {
 func (*NackResponse) ProtoMessage() {}
 
 func (x *NackResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_service_proto_msgTypes[13]
+	mi := &file_delayq_v1_service_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1008,7 +1129,7 @@ func (x *NackResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NackResponse.ProtoReflect.Descriptor instead.
 func (*NackResponse) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_service_proto_rawDescGZIP(), []int{13}
+	return file_delayq_v1_service_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *NackResponse) GetState() JobState {
@@ -1038,7 +1159,7 @@ type ExtendLeaseRequest struct {
 
 func (x *ExtendLeaseRequest) Reset() {
 	*x = ExtendLeaseRequest{}
-	mi := &file_delayq_v1_service_proto_msgTypes[14]
+	mi := &file_delayq_v1_service_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1050,7 +1171,7 @@ func (x *ExtendLeaseRequest) String() string {
 func (*ExtendLeaseRequest) ProtoMessage() {}
 
 func (x *ExtendLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_service_proto_msgTypes[14]
+	mi := &file_delayq_v1_service_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1063,7 +1184,7 @@ func (x *ExtendLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtendLeaseRequest.ProtoReflect.Descriptor instead.
 func (*ExtendLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_service_proto_rawDescGZIP(), []int{14}
+	return file_delayq_v1_service_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ExtendLeaseRequest) GetLeaseToken() string {
@@ -1091,7 +1212,7 @@ type ExtendLeaseResponse struct {
 
 func (x *ExtendLeaseResponse) Reset() {
 	*x = ExtendLeaseResponse{}
-	mi := &file_delayq_v1_service_proto_msgTypes[15]
+	mi := &file_delayq_v1_service_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1103,7 +1224,7 @@ func (x *ExtendLeaseResponse) String() string {
 func (*ExtendLeaseResponse) ProtoMessage() {}
 
 func (x *ExtendLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_service_proto_msgTypes[15]
+	mi := &file_delayq_v1_service_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1116,7 +1237,7 @@ func (x *ExtendLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtendLeaseResponse.ProtoReflect.Descriptor instead.
 func (*ExtendLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_service_proto_rawDescGZIP(), []int{15}
+	return file_delayq_v1_service_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ExtendLeaseResponse) GetLeaseDeadline() *timestamppb.Timestamp {
@@ -1141,7 +1262,7 @@ type QueryRequest struct {
 
 func (x *QueryRequest) Reset() {
 	*x = QueryRequest{}
-	mi := &file_delayq_v1_service_proto_msgTypes[16]
+	mi := &file_delayq_v1_service_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1153,7 +1274,7 @@ func (x *QueryRequest) String() string {
 func (*QueryRequest) ProtoMessage() {}
 
 func (x *QueryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_service_proto_msgTypes[16]
+	mi := &file_delayq_v1_service_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1166,7 +1287,7 @@ func (x *QueryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryRequest.ProtoReflect.Descriptor instead.
 func (*QueryRequest) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_service_proto_rawDescGZIP(), []int{16}
+	return file_delayq_v1_service_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *QueryRequest) GetNamespace() string {
@@ -1201,7 +1322,7 @@ type QueryResponse struct {
 
 func (x *QueryResponse) Reset() {
 	*x = QueryResponse{}
-	mi := &file_delayq_v1_service_proto_msgTypes[17]
+	mi := &file_delayq_v1_service_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1213,7 +1334,7 @@ func (x *QueryResponse) String() string {
 func (*QueryResponse) ProtoMessage() {}
 
 func (x *QueryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_service_proto_msgTypes[17]
+	mi := &file_delayq_v1_service_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1226,7 +1347,7 @@ func (x *QueryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryResponse.ProtoReflect.Descriptor instead.
 func (*QueryResponse) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_service_proto_rawDescGZIP(), []int{17}
+	return file_delayq_v1_service_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *QueryResponse) GetJob() *Job {
@@ -1251,7 +1372,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_delayq_v1_service_proto_msgTypes[18]
+	mi := &file_delayq_v1_service_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1263,7 +1384,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_service_proto_msgTypes[18]
+	mi := &file_delayq_v1_service_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1276,7 +1397,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_service_proto_rawDescGZIP(), []int{18}
+	return file_delayq_v1_service_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *DeleteRequest) GetNamespace() string {
@@ -1311,7 +1432,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_delayq_v1_service_proto_msgTypes[19]
+	mi := &file_delayq_v1_service_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1323,7 +1444,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_service_proto_msgTypes[19]
+	mi := &file_delayq_v1_service_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1336,7 +1457,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_service_proto_rawDescGZIP(), []int{19}
+	return file_delayq_v1_service_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *DeleteResponse) GetPreviousState() JobState {
@@ -1359,7 +1480,7 @@ type GetQueueStatsRequest struct {
 
 func (x *GetQueueStatsRequest) Reset() {
 	*x = GetQueueStatsRequest{}
-	mi := &file_delayq_v1_service_proto_msgTypes[20]
+	mi := &file_delayq_v1_service_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1371,7 +1492,7 @@ func (x *GetQueueStatsRequest) String() string {
 func (*GetQueueStatsRequest) ProtoMessage() {}
 
 func (x *GetQueueStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_service_proto_msgTypes[20]
+	mi := &file_delayq_v1_service_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1384,7 +1505,7 @@ func (x *GetQueueStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetQueueStatsRequest.ProtoReflect.Descriptor instead.
 func (*GetQueueStatsRequest) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_service_proto_rawDescGZIP(), []int{20}
+	return file_delayq_v1_service_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *GetQueueStatsRequest) GetNamespace() string {
@@ -1412,7 +1533,7 @@ type GetQueueStatsResponse struct {
 
 func (x *GetQueueStatsResponse) Reset() {
 	*x = GetQueueStatsResponse{}
-	mi := &file_delayq_v1_service_proto_msgTypes[21]
+	mi := &file_delayq_v1_service_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1424,7 +1545,7 @@ func (x *GetQueueStatsResponse) String() string {
 func (*GetQueueStatsResponse) ProtoMessage() {}
 
 func (x *GetQueueStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_service_proto_msgTypes[21]
+	mi := &file_delayq_v1_service_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1437,7 +1558,7 @@ func (x *GetQueueStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetQueueStatsResponse.ProtoReflect.Descriptor instead.
 func (*GetQueueStatsResponse) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_service_proto_rawDescGZIP(), []int{21}
+	return file_delayq_v1_service_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GetQueueStatsResponse) GetStats() *QueueStats {
@@ -1464,7 +1585,7 @@ type ListDeadJobsRequest struct {
 
 func (x *ListDeadJobsRequest) Reset() {
 	*x = ListDeadJobsRequest{}
-	mi := &file_delayq_v1_service_proto_msgTypes[22]
+	mi := &file_delayq_v1_service_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1476,7 +1597,7 @@ func (x *ListDeadJobsRequest) String() string {
 func (*ListDeadJobsRequest) ProtoMessage() {}
 
 func (x *ListDeadJobsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_service_proto_msgTypes[22]
+	mi := &file_delayq_v1_service_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1489,7 +1610,7 @@ func (x *ListDeadJobsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadJobsRequest.ProtoReflect.Descriptor instead.
 func (*ListDeadJobsRequest) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_service_proto_rawDescGZIP(), []int{22}
+	return file_delayq_v1_service_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListDeadJobsRequest) GetNamespace() string {
@@ -1533,7 +1654,7 @@ type ListDeadJobsResponse struct {
 
 func (x *ListDeadJobsResponse) Reset() {
 	*x = ListDeadJobsResponse{}
-	mi := &file_delayq_v1_service_proto_msgTypes[23]
+	mi := &file_delayq_v1_service_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1545,7 +1666,7 @@ func (x *ListDeadJobsResponse) String() string {
 func (*ListDeadJobsResponse) ProtoMessage() {}
 
 func (x *ListDeadJobsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_service_proto_msgTypes[23]
+	mi := &file_delayq_v1_service_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1558,7 +1679,7 @@ func (x *ListDeadJobsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadJobsResponse.ProtoReflect.Descriptor instead.
 func (*ListDeadJobsResponse) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_service_proto_rawDescGZIP(), []int{23}
+	return file_delayq_v1_service_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListDeadJobsResponse) GetJobs() []*Job {
@@ -1592,7 +1713,7 @@ type RedriveDeadJobsRequest struct {
 
 func (x *RedriveDeadJobsRequest) Reset() {
 	*x = RedriveDeadJobsRequest{}
-	mi := &file_delayq_v1_service_proto_msgTypes[24]
+	mi := &file_delayq_v1_service_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1604,7 +1725,7 @@ func (x *RedriveDeadJobsRequest) String() string {
 func (*RedriveDeadJobsRequest) ProtoMessage() {}
 
 func (x *RedriveDeadJobsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_service_proto_msgTypes[24]
+	mi := &file_delayq_v1_service_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1617,7 +1738,7 @@ func (x *RedriveDeadJobsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RedriveDeadJobsRequest.ProtoReflect.Descriptor instead.
 func (*RedriveDeadJobsRequest) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_service_proto_rawDescGZIP(), []int{24}
+	return file_delayq_v1_service_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RedriveDeadJobsRequest) GetNamespace() string {
@@ -1659,7 +1780,7 @@ type RedriveDeadJobsResponse struct {
 
 func (x *RedriveDeadJobsResponse) Reset() {
 	*x = RedriveDeadJobsResponse{}
-	mi := &file_delayq_v1_service_proto_msgTypes[25]
+	mi := &file_delayq_v1_service_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1671,7 +1792,7 @@ func (x *RedriveDeadJobsResponse) String() string {
 func (*RedriveDeadJobsResponse) ProtoMessage() {}
 
 func (x *RedriveDeadJobsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_service_proto_msgTypes[25]
+	mi := &file_delayq_v1_service_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1684,7 +1805,7 @@ func (x *RedriveDeadJobsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RedriveDeadJobsResponse.ProtoReflect.Descriptor instead.
 func (*RedriveDeadJobsResponse) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_service_proto_rawDescGZIP(), []int{25}
+	return file_delayq_v1_service_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RedriveDeadJobsResponse) GetRedriven() uint32 {
@@ -1711,7 +1832,7 @@ type PurgeDeadJobsRequest struct {
 
 func (x *PurgeDeadJobsRequest) Reset() {
 	*x = PurgeDeadJobsRequest{}
-	mi := &file_delayq_v1_service_proto_msgTypes[26]
+	mi := &file_delayq_v1_service_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1723,7 +1844,7 @@ func (x *PurgeDeadJobsRequest) String() string {
 func (*PurgeDeadJobsRequest) ProtoMessage() {}
 
 func (x *PurgeDeadJobsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_service_proto_msgTypes[26]
+	mi := &file_delayq_v1_service_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1736,7 +1857,7 @@ func (x *PurgeDeadJobsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PurgeDeadJobsRequest.ProtoReflect.Descriptor instead.
 func (*PurgeDeadJobsRequest) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_service_proto_rawDescGZIP(), []int{26}
+	return file_delayq_v1_service_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *PurgeDeadJobsRequest) GetNamespace() string {
@@ -1778,7 +1899,7 @@ type PurgeDeadJobsResponse struct {
 
 func (x *PurgeDeadJobsResponse) Reset() {
 	*x = PurgeDeadJobsResponse{}
-	mi := &file_delayq_v1_service_proto_msgTypes[27]
+	mi := &file_delayq_v1_service_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1790,7 +1911,7 @@ func (x *PurgeDeadJobsResponse) String() string {
 func (*PurgeDeadJobsResponse) ProtoMessage() {}
 
 func (x *PurgeDeadJobsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayq_v1_service_proto_msgTypes[27]
+	mi := &file_delayq_v1_service_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1803,7 +1924,7 @@ func (x *PurgeDeadJobsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PurgeDeadJobsResponse.ProtoReflect.Descriptor instead.
 func (*PurgeDeadJobsResponse) Descriptor() ([]byte, []int) {
-	return file_delayq_v1_service_proto_rawDescGZIP(), []int{27}
+	return file_delayq_v1_service_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *PurgeDeadJobsResponse) GetPurged() uint32 {
@@ -1849,7 +1970,14 @@ const file_delayq_v1_service_proto_rawDesc = "" +
 	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\"O\n" +
 	"\x14EnqueueBatchResponse\x127\n" +
-	"\aresults\x18\x01 \x03(\v2\x1d.delayq.v1.EnqueueBatchResultR\aresults\"\x8e\x02\n" +
+	"\aresults\x18\x01 \x03(\v2\x1d.delayq.v1.EnqueueBatchResultR\aresults\"h\n" +
+	"\x14EnqueueStreamRequest\x12\x19\n" +
+	"\bbatch_id\x18\x01 \x01(\x04R\abatchId\x125\n" +
+	"\brequests\x18\x02 \x03(\v2\x19.delayq.v1.EnqueueRequestR\brequests\"\x98\x01\n" +
+	"\x15EnqueueStreamResponse\x12\x19\n" +
+	"\bbatch_id\x18\x01 \x01(\x04R\abatchId\x127\n" +
+	"\aresults\x18\x02 \x03(\v2\x1d.delayq.v1.EnqueueBatchResultR\aresults\x12+\n" +
+	"\x05error\x18\x03 \x01(\v2\x15.delayq.v1.BatchErrorR\x05error\"\x8e\x02\n" +
 	"\x0eConsumeRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x16\n" +
 	"\x06queues\x18\x02 \x03(\tR\x06queues\x12'\n" +
@@ -1935,10 +2063,11 @@ const file_delayq_v1_service_proto_rawDesc = "" +
 	"\x1aRELEASE_RESULT_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17RELEASE_RESULT_RELEASED\x10\x01\x12\x18\n" +
 	"\x14RELEASE_RESULT_STALE\x10\x02\x12\x1a\n" +
-	"\x16RELEASE_RESULT_UNKNOWN\x10\x032\xb7\a\n" +
+	"\x16RELEASE_RESULT_UNKNOWN\x10\x032\x8f\b\n" +
 	"\x11DelayQueueService\x12@\n" +
 	"\aEnqueue\x12\x19.delayq.v1.EnqueueRequest\x1a\x1a.delayq.v1.EnqueueResponse\x12O\n" +
-	"\fEnqueueBatch\x12\x1e.delayq.v1.EnqueueBatchRequest\x1a\x1f.delayq.v1.EnqueueBatchResponse\x12B\n" +
+	"\fEnqueueBatch\x12\x1e.delayq.v1.EnqueueBatchRequest\x1a\x1f.delayq.v1.EnqueueBatchResponse\x12V\n" +
+	"\rEnqueueStream\x12\x1f.delayq.v1.EnqueueStreamRequest\x1a .delayq.v1.EnqueueStreamResponse(\x010\x01\x12B\n" +
 	"\aConsume\x12\x19.delayq.v1.ConsumeRequest\x1a\x1a.delayq.v1.ConsumeResponse0\x01\x124\n" +
 	"\x03Ack\x12\x15.delayq.v1.AckRequest\x1a\x16.delayq.v1.AckResponse\x12@\n" +
 	"\aRelease\x12\x19.delayq.v1.ReleaseRequest\x1a\x1a.delayq.v1.ReleaseResponse\x127\n" +
@@ -1964,7 +2093,7 @@ func file_delayq_v1_service_proto_rawDescGZIP() []byte {
 }
 
 var file_delayq_v1_service_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_delayq_v1_service_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_delayq_v1_service_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_delayq_v1_service_proto_goTypes = []any{
 	(AckResult)(0),                  // 0: delayq.v1.AckResult
 	(ReleaseResult)(0),              // 1: delayq.v1.ReleaseResult
@@ -1974,93 +2103,100 @@ var file_delayq_v1_service_proto_goTypes = []any{
 	(*EnqueueBatchResult)(nil),      // 5: delayq.v1.EnqueueBatchResult
 	(*BatchError)(nil),              // 6: delayq.v1.BatchError
 	(*EnqueueBatchResponse)(nil),    // 7: delayq.v1.EnqueueBatchResponse
-	(*ConsumeRequest)(nil),          // 8: delayq.v1.ConsumeRequest
-	(*ConsumeResponse)(nil),         // 9: delayq.v1.ConsumeResponse
-	(*AckRequest)(nil),              // 10: delayq.v1.AckRequest
-	(*AckResponse)(nil),             // 11: delayq.v1.AckResponse
-	(*ReleaseRequest)(nil),          // 12: delayq.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),         // 13: delayq.v1.ReleaseResponse
-	(*NackRequest)(nil),             // 14: delayq.v1.NackRequest
-	(*NackResponse)(nil),            // 15: delayq.v1.NackResponse
-	(*ExtendLeaseRequest)(nil),      // 16: delayq.v1.ExtendLeaseRequest
-	(*ExtendLeaseResponse)(nil),     // 17: delayq.v1.ExtendLeaseResponse
-	(*QueryRequest)(nil),            // 18: delayq.v1.QueryRequest
-	(*QueryResponse)(nil),           // 19: delayq.v1.QueryResponse
-	(*DeleteRequest)(nil),           // 20: delayq.v1.DeleteRequest
-	(*DeleteResponse)(nil),          // 21: delayq.v1.DeleteResponse
-	(*GetQueueStatsRequest)(nil),    // 22: delayq.v1.GetQueueStatsRequest
-	(*GetQueueStatsResponse)(nil),   // 23: delayq.v1.GetQueueStatsResponse
-	(*ListDeadJobsRequest)(nil),     // 24: delayq.v1.ListDeadJobsRequest
-	(*ListDeadJobsResponse)(nil),    // 25: delayq.v1.ListDeadJobsResponse
-	(*RedriveDeadJobsRequest)(nil),  // 26: delayq.v1.RedriveDeadJobsRequest
-	(*RedriveDeadJobsResponse)(nil), // 27: delayq.v1.RedriveDeadJobsResponse
-	(*PurgeDeadJobsRequest)(nil),    // 28: delayq.v1.PurgeDeadJobsRequest
-	(*PurgeDeadJobsResponse)(nil),   // 29: delayq.v1.PurgeDeadJobsResponse
-	nil,                             // 30: delayq.v1.EnqueueRequest.HeadersEntry
-	(*durationpb.Duration)(nil),     // 31: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),   // 32: google.protobuf.Timestamp
-	(*RetryPolicy)(nil),             // 33: delayq.v1.RetryPolicy
-	(*Delivery)(nil),                // 34: delayq.v1.Delivery
-	(JobState)(0),                   // 35: delayq.v1.JobState
-	(*Job)(nil),                     // 36: delayq.v1.Job
-	(*QueueStats)(nil),              // 37: delayq.v1.QueueStats
+	(*EnqueueStreamRequest)(nil),    // 8: delayq.v1.EnqueueStreamRequest
+	(*EnqueueStreamResponse)(nil),   // 9: delayq.v1.EnqueueStreamResponse
+	(*ConsumeRequest)(nil),          // 10: delayq.v1.ConsumeRequest
+	(*ConsumeResponse)(nil),         // 11: delayq.v1.ConsumeResponse
+	(*AckRequest)(nil),              // 12: delayq.v1.AckRequest
+	(*AckResponse)(nil),             // 13: delayq.v1.AckResponse
+	(*ReleaseRequest)(nil),          // 14: delayq.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),         // 15: delayq.v1.ReleaseResponse
+	(*NackRequest)(nil),             // 16: delayq.v1.NackRequest
+	(*NackResponse)(nil),            // 17: delayq.v1.NackResponse
+	(*ExtendLeaseRequest)(nil),      // 18: delayq.v1.ExtendLeaseRequest
+	(*ExtendLeaseResponse)(nil),     // 19: delayq.v1.ExtendLeaseResponse
+	(*QueryRequest)(nil),            // 20: delayq.v1.QueryRequest
+	(*QueryResponse)(nil),           // 21: delayq.v1.QueryResponse
+	(*DeleteRequest)(nil),           // 22: delayq.v1.DeleteRequest
+	(*DeleteResponse)(nil),          // 23: delayq.v1.DeleteResponse
+	(*GetQueueStatsRequest)(nil),    // 24: delayq.v1.GetQueueStatsRequest
+	(*GetQueueStatsResponse)(nil),   // 25: delayq.v1.GetQueueStatsResponse
+	(*ListDeadJobsRequest)(nil),     // 26: delayq.v1.ListDeadJobsRequest
+	(*ListDeadJobsResponse)(nil),    // 27: delayq.v1.ListDeadJobsResponse
+	(*RedriveDeadJobsRequest)(nil),  // 28: delayq.v1.RedriveDeadJobsRequest
+	(*RedriveDeadJobsResponse)(nil), // 29: delayq.v1.RedriveDeadJobsResponse
+	(*PurgeDeadJobsRequest)(nil),    // 30: delayq.v1.PurgeDeadJobsRequest
+	(*PurgeDeadJobsResponse)(nil),   // 31: delayq.v1.PurgeDeadJobsResponse
+	nil,                             // 32: delayq.v1.EnqueueRequest.HeadersEntry
+	(*durationpb.Duration)(nil),     // 33: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),   // 34: google.protobuf.Timestamp
+	(*RetryPolicy)(nil),             // 35: delayq.v1.RetryPolicy
+	(*Delivery)(nil),                // 36: delayq.v1.Delivery
+	(JobState)(0),                   // 37: delayq.v1.JobState
+	(*Job)(nil),                     // 38: delayq.v1.Job
+	(*QueueStats)(nil),              // 39: delayq.v1.QueueStats
 }
 var file_delayq_v1_service_proto_depIdxs = []int32{
-	30, // 0: delayq.v1.EnqueueRequest.headers:type_name -> delayq.v1.EnqueueRequest.HeadersEntry
-	31, // 1: delayq.v1.EnqueueRequest.delay:type_name -> google.protobuf.Duration
-	32, // 2: delayq.v1.EnqueueRequest.due_time:type_name -> google.protobuf.Timestamp
-	31, // 3: delayq.v1.EnqueueRequest.ttl:type_name -> google.protobuf.Duration
-	33, // 4: delayq.v1.EnqueueRequest.retry:type_name -> delayq.v1.RetryPolicy
-	32, // 5: delayq.v1.EnqueueResponse.due_time:type_name -> google.protobuf.Timestamp
+	32, // 0: delayq.v1.EnqueueRequest.headers:type_name -> delayq.v1.EnqueueRequest.HeadersEntry
+	33, // 1: delayq.v1.EnqueueRequest.delay:type_name -> google.protobuf.Duration
+	34, // 2: delayq.v1.EnqueueRequest.due_time:type_name -> google.protobuf.Timestamp
+	33, // 3: delayq.v1.EnqueueRequest.ttl:type_name -> google.protobuf.Duration
+	35, // 4: delayq.v1.EnqueueRequest.retry:type_name -> delayq.v1.RetryPolicy
+	34, // 5: delayq.v1.EnqueueResponse.due_time:type_name -> google.protobuf.Timestamp
 	2,  // 6: delayq.v1.EnqueueBatchRequest.requests:type_name -> delayq.v1.EnqueueRequest
 	3,  // 7: delayq.v1.EnqueueBatchResult.response:type_name -> delayq.v1.EnqueueResponse
 	6,  // 8: delayq.v1.EnqueueBatchResult.error:type_name -> delayq.v1.BatchError
 	5,  // 9: delayq.v1.EnqueueBatchResponse.results:type_name -> delayq.v1.EnqueueBatchResult
-	31, // 10: delayq.v1.ConsumeRequest.lease_duration:type_name -> google.protobuf.Duration
-	31, // 11: delayq.v1.ConsumeRequest.release_grace:type_name -> google.protobuf.Duration
-	34, // 12: delayq.v1.ConsumeResponse.deliveries:type_name -> delayq.v1.Delivery
-	0,  // 13: delayq.v1.AckResponse.results:type_name -> delayq.v1.AckResult
-	1,  // 14: delayq.v1.ReleaseResponse.results:type_name -> delayq.v1.ReleaseResult
-	31, // 15: delayq.v1.NackRequest.delay:type_name -> google.protobuf.Duration
-	35, // 16: delayq.v1.NackResponse.state:type_name -> delayq.v1.JobState
-	32, // 17: delayq.v1.NackResponse.due_time:type_name -> google.protobuf.Timestamp
-	31, // 18: delayq.v1.ExtendLeaseRequest.extension:type_name -> google.protobuf.Duration
-	32, // 19: delayq.v1.ExtendLeaseResponse.lease_deadline:type_name -> google.protobuf.Timestamp
-	36, // 20: delayq.v1.QueryResponse.job:type_name -> delayq.v1.Job
-	35, // 21: delayq.v1.DeleteResponse.previous_state:type_name -> delayq.v1.JobState
-	37, // 22: delayq.v1.GetQueueStatsResponse.stats:type_name -> delayq.v1.QueueStats
-	36, // 23: delayq.v1.ListDeadJobsResponse.jobs:type_name -> delayq.v1.Job
-	2,  // 24: delayq.v1.DelayQueueService.Enqueue:input_type -> delayq.v1.EnqueueRequest
-	4,  // 25: delayq.v1.DelayQueueService.EnqueueBatch:input_type -> delayq.v1.EnqueueBatchRequest
-	8,  // 26: delayq.v1.DelayQueueService.Consume:input_type -> delayq.v1.ConsumeRequest
-	10, // 27: delayq.v1.DelayQueueService.Ack:input_type -> delayq.v1.AckRequest
-	12, // 28: delayq.v1.DelayQueueService.Release:input_type -> delayq.v1.ReleaseRequest
-	14, // 29: delayq.v1.DelayQueueService.Nack:input_type -> delayq.v1.NackRequest
-	16, // 30: delayq.v1.DelayQueueService.ExtendLease:input_type -> delayq.v1.ExtendLeaseRequest
-	18, // 31: delayq.v1.DelayQueueService.Query:input_type -> delayq.v1.QueryRequest
-	20, // 32: delayq.v1.DelayQueueService.Delete:input_type -> delayq.v1.DeleteRequest
-	22, // 33: delayq.v1.DelayQueueService.GetQueueStats:input_type -> delayq.v1.GetQueueStatsRequest
-	24, // 34: delayq.v1.DelayQueueService.ListDeadJobs:input_type -> delayq.v1.ListDeadJobsRequest
-	26, // 35: delayq.v1.DelayQueueService.RedriveDeadJobs:input_type -> delayq.v1.RedriveDeadJobsRequest
-	28, // 36: delayq.v1.DelayQueueService.PurgeDeadJobs:input_type -> delayq.v1.PurgeDeadJobsRequest
-	3,  // 37: delayq.v1.DelayQueueService.Enqueue:output_type -> delayq.v1.EnqueueResponse
-	7,  // 38: delayq.v1.DelayQueueService.EnqueueBatch:output_type -> delayq.v1.EnqueueBatchResponse
-	9,  // 39: delayq.v1.DelayQueueService.Consume:output_type -> delayq.v1.ConsumeResponse
-	11, // 40: delayq.v1.DelayQueueService.Ack:output_type -> delayq.v1.AckResponse
-	13, // 41: delayq.v1.DelayQueueService.Release:output_type -> delayq.v1.ReleaseResponse
-	15, // 42: delayq.v1.DelayQueueService.Nack:output_type -> delayq.v1.NackResponse
-	17, // 43: delayq.v1.DelayQueueService.ExtendLease:output_type -> delayq.v1.ExtendLeaseResponse
-	19, // 44: delayq.v1.DelayQueueService.Query:output_type -> delayq.v1.QueryResponse
-	21, // 45: delayq.v1.DelayQueueService.Delete:output_type -> delayq.v1.DeleteResponse
-	23, // 46: delayq.v1.DelayQueueService.GetQueueStats:output_type -> delayq.v1.GetQueueStatsResponse
-	25, // 47: delayq.v1.DelayQueueService.ListDeadJobs:output_type -> delayq.v1.ListDeadJobsResponse
-	27, // 48: delayq.v1.DelayQueueService.RedriveDeadJobs:output_type -> delayq.v1.RedriveDeadJobsResponse
-	29, // 49: delayq.v1.DelayQueueService.PurgeDeadJobs:output_type -> delayq.v1.PurgeDeadJobsResponse
-	37, // [37:50] is the sub-list for method output_type
-	24, // [24:37] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	2,  // 10: delayq.v1.EnqueueStreamRequest.requests:type_name -> delayq.v1.EnqueueRequest
+	5,  // 11: delayq.v1.EnqueueStreamResponse.results:type_name -> delayq.v1.EnqueueBatchResult
+	6,  // 12: delayq.v1.EnqueueStreamResponse.error:type_name -> delayq.v1.BatchError
+	33, // 13: delayq.v1.ConsumeRequest.lease_duration:type_name -> google.protobuf.Duration
+	33, // 14: delayq.v1.ConsumeRequest.release_grace:type_name -> google.protobuf.Duration
+	36, // 15: delayq.v1.ConsumeResponse.deliveries:type_name -> delayq.v1.Delivery
+	0,  // 16: delayq.v1.AckResponse.results:type_name -> delayq.v1.AckResult
+	1,  // 17: delayq.v1.ReleaseResponse.results:type_name -> delayq.v1.ReleaseResult
+	33, // 18: delayq.v1.NackRequest.delay:type_name -> google.protobuf.Duration
+	37, // 19: delayq.v1.NackResponse.state:type_name -> delayq.v1.JobState
+	34, // 20: delayq.v1.NackResponse.due_time:type_name -> google.protobuf.Timestamp
+	33, // 21: delayq.v1.ExtendLeaseRequest.extension:type_name -> google.protobuf.Duration
+	34, // 22: delayq.v1.ExtendLeaseResponse.lease_deadline:type_name -> google.protobuf.Timestamp
+	38, // 23: delayq.v1.QueryResponse.job:type_name -> delayq.v1.Job
+	37, // 24: delayq.v1.DeleteResponse.previous_state:type_name -> delayq.v1.JobState
+	39, // 25: delayq.v1.GetQueueStatsResponse.stats:type_name -> delayq.v1.QueueStats
+	38, // 26: delayq.v1.ListDeadJobsResponse.jobs:type_name -> delayq.v1.Job
+	2,  // 27: delayq.v1.DelayQueueService.Enqueue:input_type -> delayq.v1.EnqueueRequest
+	4,  // 28: delayq.v1.DelayQueueService.EnqueueBatch:input_type -> delayq.v1.EnqueueBatchRequest
+	8,  // 29: delayq.v1.DelayQueueService.EnqueueStream:input_type -> delayq.v1.EnqueueStreamRequest
+	10, // 30: delayq.v1.DelayQueueService.Consume:input_type -> delayq.v1.ConsumeRequest
+	12, // 31: delayq.v1.DelayQueueService.Ack:input_type -> delayq.v1.AckRequest
+	14, // 32: delayq.v1.DelayQueueService.Release:input_type -> delayq.v1.ReleaseRequest
+	16, // 33: delayq.v1.DelayQueueService.Nack:input_type -> delayq.v1.NackRequest
+	18, // 34: delayq.v1.DelayQueueService.ExtendLease:input_type -> delayq.v1.ExtendLeaseRequest
+	20, // 35: delayq.v1.DelayQueueService.Query:input_type -> delayq.v1.QueryRequest
+	22, // 36: delayq.v1.DelayQueueService.Delete:input_type -> delayq.v1.DeleteRequest
+	24, // 37: delayq.v1.DelayQueueService.GetQueueStats:input_type -> delayq.v1.GetQueueStatsRequest
+	26, // 38: delayq.v1.DelayQueueService.ListDeadJobs:input_type -> delayq.v1.ListDeadJobsRequest
+	28, // 39: delayq.v1.DelayQueueService.RedriveDeadJobs:input_type -> delayq.v1.RedriveDeadJobsRequest
+	30, // 40: delayq.v1.DelayQueueService.PurgeDeadJobs:input_type -> delayq.v1.PurgeDeadJobsRequest
+	3,  // 41: delayq.v1.DelayQueueService.Enqueue:output_type -> delayq.v1.EnqueueResponse
+	7,  // 42: delayq.v1.DelayQueueService.EnqueueBatch:output_type -> delayq.v1.EnqueueBatchResponse
+	9,  // 43: delayq.v1.DelayQueueService.EnqueueStream:output_type -> delayq.v1.EnqueueStreamResponse
+	11, // 44: delayq.v1.DelayQueueService.Consume:output_type -> delayq.v1.ConsumeResponse
+	13, // 45: delayq.v1.DelayQueueService.Ack:output_type -> delayq.v1.AckResponse
+	15, // 46: delayq.v1.DelayQueueService.Release:output_type -> delayq.v1.ReleaseResponse
+	17, // 47: delayq.v1.DelayQueueService.Nack:output_type -> delayq.v1.NackResponse
+	19, // 48: delayq.v1.DelayQueueService.ExtendLease:output_type -> delayq.v1.ExtendLeaseResponse
+	21, // 49: delayq.v1.DelayQueueService.Query:output_type -> delayq.v1.QueryResponse
+	23, // 50: delayq.v1.DelayQueueService.Delete:output_type -> delayq.v1.DeleteResponse
+	25, // 51: delayq.v1.DelayQueueService.GetQueueStats:output_type -> delayq.v1.GetQueueStatsResponse
+	27, // 52: delayq.v1.DelayQueueService.ListDeadJobs:output_type -> delayq.v1.ListDeadJobsResponse
+	29, // 53: delayq.v1.DelayQueueService.RedriveDeadJobs:output_type -> delayq.v1.RedriveDeadJobsResponse
+	31, // 54: delayq.v1.DelayQueueService.PurgeDeadJobs:output_type -> delayq.v1.PurgeDeadJobsResponse
+	41, // [41:55] is the sub-list for method output_type
+	27, // [27:41] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_delayq_v1_service_proto_init() }
@@ -2079,7 +2215,7 @@ func file_delayq_v1_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_delayq_v1_service_proto_rawDesc), len(file_delayq_v1_service_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   29,
+			NumMessages:   31,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

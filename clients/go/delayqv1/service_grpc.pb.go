@@ -21,6 +21,7 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	DelayQueueService_Enqueue_FullMethodName         = "/delayq.v1.DelayQueueService/Enqueue"
 	DelayQueueService_EnqueueBatch_FullMethodName    = "/delayq.v1.DelayQueueService/EnqueueBatch"
+	DelayQueueService_EnqueueStream_FullMethodName   = "/delayq.v1.DelayQueueService/EnqueueStream"
 	DelayQueueService_Consume_FullMethodName         = "/delayq.v1.DelayQueueService/Consume"
 	DelayQueueService_Ack_FullMethodName             = "/delayq.v1.DelayQueueService/Ack"
 	DelayQueueService_Release_FullMethodName         = "/delayq.v1.DelayQueueService/Release"
@@ -57,6 +58,16 @@ type DelayQueueServiceClient interface {
 	// on one shard answers only that shard's jobs. An RPC-level error means no job
 	// was stored. Errors: INVALID_ARGUMENT (batch empty or over the cap), UNAVAILABLE.
 	EnqueueBatch(ctx context.Context, in *EnqueueBatchRequest, opts ...grpc.CallOption) (*EnqueueBatchResponse, error)
+	// EnqueueStream carries many EnqueueBatch calls over one long-lived stream: each
+	// request message is a batch, answered by one response message with the same
+	// `batch_id`, in the order the batches finish (not the order they were sent).
+	// A message costs the server about half a unary call, so clients that gather
+	// their callers' jobs (the Python AsyncClient) send them this way. The stream's
+	// credentials are checked when it opens; each batch's namespaces are checked
+	// per message. A refused batch is answered with `error` and the stream goes on.
+	// Errors (ending the stream): UNAUTHENTICATED, INVALID_ARGUMENT (a message that
+	// is not an EnqueueStreamRequest), UNAVAILABLE (the server is shutting down).
+	EnqueueStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[EnqueueStreamRequest, EnqueueStreamResponse], error)
 	// Consume opens a stream of deliveries from one or more queues, in priority order.
 	// The server never has more than `max_outstanding` un-acked deliveries on the
 	// stream, and no ConsumeResponse is larger than the server's byte cap (1 MiB by
@@ -134,9 +145,22 @@ func (c *delayQueueServiceClient) EnqueueBatch(ctx context.Context, in *EnqueueB
 	return out, nil
 }
 
+func (c *delayQueueServiceClient) EnqueueStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[EnqueueStreamRequest, EnqueueStreamResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &DelayQueueService_ServiceDesc.Streams[0], DelayQueueService_EnqueueStream_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[EnqueueStreamRequest, EnqueueStreamResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type DelayQueueService_EnqueueStreamClient = grpc.BidiStreamingClient[EnqueueStreamRequest, EnqueueStreamResponse]
+
 func (c *delayQueueServiceClient) Consume(ctx context.Context, in *ConsumeRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ConsumeResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &DelayQueueService_ServiceDesc.Streams[0], DelayQueueService_Consume_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &DelayQueueService_ServiceDesc.Streams[1], DelayQueueService_Consume_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -276,6 +300,16 @@ type DelayQueueServiceServer interface {
 	// on one shard answers only that shard's jobs. An RPC-level error means no job
 	// was stored. Errors: INVALID_ARGUMENT (batch empty or over the cap), UNAVAILABLE.
 	EnqueueBatch(context.Context, *EnqueueBatchRequest) (*EnqueueBatchResponse, error)
+	// EnqueueStream carries many EnqueueBatch calls over one long-lived stream: each
+	// request message is a batch, answered by one response message with the same
+	// `batch_id`, in the order the batches finish (not the order they were sent).
+	// A message costs the server about half a unary call, so clients that gather
+	// their callers' jobs (the Python AsyncClient) send them this way. The stream's
+	// credentials are checked when it opens; each batch's namespaces are checked
+	// per message. A refused batch is answered with `error` and the stream goes on.
+	// Errors (ending the stream): UNAUTHENTICATED, INVALID_ARGUMENT (a message that
+	// is not an EnqueueStreamRequest), UNAVAILABLE (the server is shutting down).
+	EnqueueStream(grpc.BidiStreamingServer[EnqueueStreamRequest, EnqueueStreamResponse]) error
 	// Consume opens a stream of deliveries from one or more queues, in priority order.
 	// The server never has more than `max_outstanding` un-acked deliveries on the
 	// stream, and no ConsumeResponse is larger than the server's byte cap (1 MiB by
@@ -338,6 +372,9 @@ func (UnimplementedDelayQueueServiceServer) Enqueue(context.Context, *EnqueueReq
 }
 func (UnimplementedDelayQueueServiceServer) EnqueueBatch(context.Context, *EnqueueBatchRequest) (*EnqueueBatchResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method EnqueueBatch not implemented")
+}
+func (UnimplementedDelayQueueServiceServer) EnqueueStream(grpc.BidiStreamingServer[EnqueueStreamRequest, EnqueueStreamResponse]) error {
+	return status.Error(codes.Unimplemented, "method EnqueueStream not implemented")
 }
 func (UnimplementedDelayQueueServiceServer) Consume(*ConsumeRequest, grpc.ServerStreamingServer[ConsumeResponse]) error {
 	return status.Error(codes.Unimplemented, "method Consume not implemented")
@@ -428,6 +465,13 @@ func _DelayQueueService_EnqueueBatch_Handler(srv interface{}, ctx context.Contex
 	}
 	return interceptor(ctx, in, info, handler)
 }
+
+func _DelayQueueService_EnqueueStream_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(DelayQueueServiceServer).EnqueueStream(&grpc.GenericServerStream[EnqueueStreamRequest, EnqueueStreamResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type DelayQueueService_EnqueueStreamServer = grpc.BidiStreamingServer[EnqueueStreamRequest, EnqueueStreamResponse]
 
 func _DelayQueueService_Consume_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(ConsumeRequest)
@@ -677,6 +721,12 @@ var DelayQueueService_ServiceDesc = grpc.ServiceDesc{
 		},
 	},
 	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "EnqueueStream",
+			Handler:       _DelayQueueService_EnqueueStream_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
 		{
 			StreamName:    "Consume",
 			Handler:       _DelayQueueService_Consume_Handler,

@@ -86,9 +86,10 @@ def collect_batch(
 
 
 def batch_outcomes(
-    response: service_pb2.EnqueueBatchResponse, count: int
+    response: service_pb2.EnqueueBatchResponse | service_pb2.EnqueueStreamResponse, count: int
 ) -> list[EnqueueResult | DelayqError]:
-    """One EnqueueBatch response -> one result or error per request, index-aligned."""
+    """One EnqueueBatch (or EnqueueStream) answer -> one result or error per request,
+    index-aligned."""
     if len(response.results) != count:
         err = from_status(
             grpc.StatusCode.INTERNAL,

@@ -35,7 +35,9 @@ from delayq._common import (
     finish_batch,
 )
 from delayq._convert import DurationLike
-from delayq.errors import DeadlineExceededError, DelayqError, from_rpc_error
+from delayq._enqueue_stream import EnqueueStream
+from delayq._trace import current_context
+from delayq.errors import DeadlineExceededError, DelayqError, from_rpc_error, from_status
 from delayq.models import Delivery, EnqueueResult, Job, JobState, QueueStats, RetryPolicy
 from delayq.serializers import JsonSerializer, Serializer
 from delayq.v1 import service_pb2, service_pb2_grpc
@@ -93,6 +95,11 @@ class AsyncClient:
         self._stub = service_pb2_grpc.DelayQueueServiceStub(channel)
         settings = resolve(batching, default=True)
         self._batcher = None if settings is None else AsyncBatcher(self._send_enqueues, settings)
+        self._stream = (
+            EnqueueStream(self._stub, self._metadata)
+            if settings is not None and settings.stream
+            else None
+        )
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -104,6 +111,8 @@ class AsyncClient:
         """Send the enqueues still gathering, then close the channel (when the client made it)."""
         if self._batcher is not None:
             await self._batcher.close()
+        if self._stream is not None:
+            await self._stream.close()
         if self._own_channel:
             await self._channel.close(None)
 
@@ -171,6 +180,11 @@ class AsyncClient:
                 self._stub.Enqueue, req, idempotent=bool(idempotency_key), timeout=timeout
             )
             return _convert.enqueue_result(resp)
+        context = current_context()  # a gathered batch carries no per-caller metadata
+        if context is not None:
+            for key, value in context.items():
+                if key not in req.headers:
+                    req.headers[key] = value
         fut = self._batcher.submit(req, self.timeout if timeout is None else timeout)
         if timeout is None:  # the batch call's own deadline bounds the wait
             result: EnqueueResult = await fut
@@ -185,8 +199,13 @@ class AsyncClient:
     async def _send_enqueues(
         self, requests: list[service_pb2.EnqueueRequest], timeout: float
     ) -> list[Outcome]:
-        """The batcher's sender: one Enqueue for a lone job, else one EnqueueBatch."""
+        """The batcher's sender: a message on the EnqueueStream, or (stream off or
+        not served) one Enqueue for a lone job, else one EnqueueBatch."""
         idempotent = all_idempotent(requests)
+        if self._stream is not None and not self._stream.unsupported:
+            outcomes = await self._send_on_stream(self._stream, requests, timeout, idempotent)
+            if outcomes is not None:
+                return outcomes
         if len(requests) == 1:
             try:
                 resp = await self._call(
@@ -202,6 +221,38 @@ class AsyncClient:
             timeout=timeout,
         )
         return batch_outcomes(batch, len(requests))
+
+    async def _send_on_stream(
+        self,
+        stream: EnqueueStream,
+        requests: list[service_pb2.EnqueueRequest],
+        timeout: float,
+        idempotent: bool,
+    ) -> list[Outcome] | None:
+        """One batch on the stream, re-sent on a new stream after UNAVAILABLE when
+        every job has an idempotency key (as `_call` retries a unary call). None when
+        the server does not serve EnqueueStream: nothing was stored, use calls."""
+        started = time.monotonic()
+        attempt = 0
+        while True:
+            try:
+                resp = await stream.send(requests, timeout)
+            except DelayqError as err:
+                if stream.unsupported:
+                    return None
+                wait = self._backoff.delay(attempt)
+                if (
+                    not idempotent
+                    or err.code not in RETRYABLE
+                    or time.monotonic() - started + wait > self._retry_deadline
+                ):
+                    raise
+                await asyncio.sleep(wait)
+                attempt += 1
+                continue
+            if resp.HasField("error"):  # the whole batch refused, nothing stored
+                raise from_status(resp.error.code, resp.error.message)
+            return batch_outcomes(resp, len(requests))
 
     async def enqueue_many(
         self,

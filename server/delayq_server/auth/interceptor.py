@@ -100,7 +100,9 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
             return self._unary(handler, rule, name, metadata)
         if handler.unary_stream is not None:
             return self._unary_stream(handler, rule, name, metadata)
-        # No client-streaming RPCs exist; refuse rather than pass one unchecked.
+        if handler.stream_stream is not None and rule.scope is Scope.SERVICER:
+            return self._stream_stream(handler, rule, name, metadata)
+        # No other client-streaming RPCs exist; refuse rather than pass one unchecked.
         return grpc.stream_unary_rpc_method_handler(self._refuse_streaming)
 
     @staticmethod
@@ -146,6 +148,27 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
             response_serializer=handler.response_serializer,
         )
 
+    def _stream_stream(self, handler: Handler, rule: Rule, name: str, metadata: Any) -> Handler:
+        """EnqueueStream: credentials and role are checked when the stream opens; the
+        servicer checks each message's namespaces against the principal (rules.py)."""
+        inner: Any = handler.stream_stream
+
+        async def call(requests: AsyncIterator[Any], context: Ctx) -> AsyncIterator[Any]:
+            try:
+                p = await self._authenticate(metadata, context)
+                self._authorize(p, rule, name, None)
+            except Denied as d:
+                await context.abort(d.code, d.message)
+            pr.set_current(p)
+            async for item in inner(requests, context):
+                yield item
+
+        return grpc.stream_stream_rpc_method_handler(
+            call,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
     async def _authenticate(self, metadata: Any, context: Ctx) -> pr.Principal:
         token = _bearer(metadata)
         if token is not None:
@@ -185,10 +208,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
             raise Denied(grpc.StatusCode.NOT_FOUND, LEASE_NOT_FOUND)
         for ns in wanted:
             if not p.allows(ns):
-                raise Denied(
-                    grpc.StatusCode.PERMISSION_DENIED,
-                    f"namespace: {p.name} is bound to namespace {p.namespace!r}, not {ns[:80]!r}",
-                )
+                raise Denied(grpc.StatusCode.PERMISSION_DENIED, pr.namespace_refusal(p, ns))
 
     @staticmethod
     async def _per_token(

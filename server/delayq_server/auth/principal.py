@@ -43,3 +43,8 @@ def current() -> Principal:
 
 def set_current(p: Principal) -> None:
     _current.set(p)
+
+
+def namespace_refusal(p: Principal, namespace: str) -> str:
+    """The PERMISSION_DENIED text for a namespace `p` does not cover."""
+    return f"namespace: {p.name} is bound to namespace {p.namespace!r}, not {namespace[:80]!r}"

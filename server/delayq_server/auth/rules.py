@@ -31,6 +31,8 @@ _ADMIN = "/delayq.v1.AdminService/"
 RULES: dict[str, Rule] = {
     _QUEUE + "Enqueue": Rule(PRODUCE, Scope.NAMESPACE),
     _QUEUE + "EnqueueBatch": Rule(PRODUCE, Scope.BATCH),
+    # Role at open; each message's namespaces in the servicer (rpc/enqueue_stream.py).
+    _QUEUE + "EnqueueStream": Rule(PRODUCE, Scope.SERVICER),
     _QUEUE + "Consume": Rule(CONSUME, Scope.NAMESPACE),
     _QUEUE + "Ack": Rule(CONSUME, Scope.PER_TOKEN),
     _QUEUE + "Nack": Rule(CONSUME, Scope.LEASE),

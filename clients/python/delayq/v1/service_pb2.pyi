@@ -321,6 +321,71 @@ class EnqueueBatchResponse(_message.Message):
 Global___EnqueueBatchResponse: _TypeAlias = EnqueueBatchResponse  # noqa: Y015
 
 @_typing.final
+class EnqueueStreamRequest(_message.Message):
+    """EnqueueStreamRequest is one batch on an EnqueueStream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BATCH_ID_FIELD_NUMBER: _builtins.int
+    REQUESTS_FIELD_NUMBER: _builtins.int
+    batch_id: _builtins.int
+    """Chosen by the client to match the answer; unique among its batches in flight."""
+    @_builtins.property
+    def requests(self) -> _containers.RepeatedCompositeFieldContainer[Global___EnqueueRequest]:
+        """1 to 1000 jobs, as in EnqueueBatchRequest."""
+
+    def __init__(
+        self,
+        *,
+        batch_id: _builtins.int = ...,
+        requests: _abc.Iterable[Global___EnqueueRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "requests", b"requests"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EnqueueStreamRequest: _TypeAlias = EnqueueStreamRequest  # noqa: Y015
+
+@_typing.final
+class EnqueueStreamResponse(_message.Message):
+    """EnqueueStreamResponse answers one EnqueueStreamRequest."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BATCH_ID_FIELD_NUMBER: _builtins.int
+    RESULTS_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    batch_id: _builtins.int
+    """The request's batch_id."""
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___EnqueueBatchResult]:
+        """Results, index-aligned with the request's jobs (empty when `error` is set)."""
+
+    @_builtins.property
+    def error(self) -> Global___BatchError:
+        """Set when the whole batch was refused and none of its jobs stored: what a unary
+        EnqueueBatch would have failed with (INVALID_ARGUMENT for an empty or oversized
+        batch, PERMISSION_DENIED for a namespace the credentials do not cover).
+        """
+
+    def __init__(
+        self,
+        *,
+        batch_id: _builtins.int = ...,
+        results: _abc.Iterable[Global___EnqueueBatchResult] | None = ...,
+        error: Global___BatchError | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "error", b"error", "results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EnqueueStreamResponse: _TypeAlias = EnqueueStreamResponse  # noqa: Y015
+
+@_typing.final
 class ConsumeRequest(_message.Message):
     """ConsumeRequest opens a delivery stream."""
 

@@ -53,6 +53,11 @@ class DelayQueueServiceStub:
                 request_serializer=delayq_dot_v1_dot_service__pb2.EnqueueBatchRequest.SerializeToString,
                 response_deserializer=delayq_dot_v1_dot_service__pb2.EnqueueBatchResponse.FromString,
                 _registered_method=True)
+        self.EnqueueStream = channel.stream_stream(
+                '/delayq.v1.DelayQueueService/EnqueueStream',
+                request_serializer=delayq_dot_v1_dot_service__pb2.EnqueueStreamRequest.SerializeToString,
+                response_deserializer=delayq_dot_v1_dot_service__pb2.EnqueueStreamResponse.FromString,
+                _registered_method=True)
         self.Consume = channel.unary_stream(
                 '/delayq.v1.DelayQueueService/Consume',
                 request_serializer=delayq_dot_v1_dot_service__pb2.ConsumeRequest.SerializeToString,
@@ -136,6 +141,21 @@ class DelayQueueServiceServicer:
         the valid ones are stored even when others are refused, and a Redis failure
         on one shard answers only that shard's jobs. An RPC-level error means no job
         was stored. Errors: INVALID_ARGUMENT (batch empty or over the cap), UNAVAILABLE.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EnqueueStream(self, request_iterator, context):
+        """EnqueueStream carries many EnqueueBatch calls over one long-lived stream: each
+        request message is a batch, answered by one response message with the same
+        `batch_id`, in the order the batches finish (not the order they were sent).
+        A message costs the server about half a unary call, so clients that gather
+        their callers' jobs (the Python AsyncClient) send them this way. The stream's
+        credentials are checked when it opens; each batch's namespaces are checked
+        per message. A refused batch is answered with `error` and the stream goes on.
+        Errors (ending the stream): UNAUTHENTICATED, INVALID_ARGUMENT (a message that
+        is not an EnqueueStreamRequest), UNAVAILABLE (the server is shutting down).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -256,6 +276,11 @@ def add_DelayQueueServiceServicer_to_server(servicer, server):
                     request_deserializer=delayq_dot_v1_dot_service__pb2.EnqueueBatchRequest.FromString,
                     response_serializer=delayq_dot_v1_dot_service__pb2.EnqueueBatchResponse.SerializeToString,
             ),
+            'EnqueueStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.EnqueueStream,
+                    request_deserializer=delayq_dot_v1_dot_service__pb2.EnqueueStreamRequest.FromString,
+                    response_serializer=delayq_dot_v1_dot_service__pb2.EnqueueStreamResponse.SerializeToString,
+            ),
             'Consume': grpc.unary_stream_rpc_method_handler(
                     servicer.Consume,
                     request_deserializer=delayq_dot_v1_dot_service__pb2.ConsumeRequest.FromString,
@@ -375,6 +400,33 @@ class DelayQueueService:
             '/delayq.v1.DelayQueueService/EnqueueBatch',
             delayq_dot_v1_dot_service__pb2.EnqueueBatchRequest.SerializeToString,
             delayq_dot_v1_dot_service__pb2.EnqueueBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EnqueueStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/delayq.v1.DelayQueueService/EnqueueStream',
+            delayq_dot_v1_dot_service__pb2.EnqueueStreamRequest.SerializeToString,
+            delayq_dot_v1_dot_service__pb2.EnqueueStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,

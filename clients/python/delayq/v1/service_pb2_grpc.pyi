@@ -53,6 +53,17 @@ class DelayQueueServiceStub:
     on one shard answers only that shard's jobs. An RPC-level error means no job
     was stored. Errors: INVALID_ARGUMENT (batch empty or over the cap), UNAVAILABLE.
     """
+    EnqueueStream: _grpc.StreamStreamMultiCallable[_service_pb2.EnqueueStreamRequest, _service_pb2.EnqueueStreamResponse]
+    """EnqueueStream carries many EnqueueBatch calls over one long-lived stream: each
+    request message is a batch, answered by one response message with the same
+    `batch_id`, in the order the batches finish (not the order they were sent).
+    A message costs the server about half a unary call, so clients that gather
+    their callers' jobs (the Python AsyncClient) send them this way. The stream's
+    credentials are checked when it opens; each batch's namespaces are checked
+    per message. A refused batch is answered with `error` and the stream goes on.
+    Errors (ending the stream): UNAUTHENTICATED, INVALID_ARGUMENT (a message that
+    is not an EnqueueStreamRequest), UNAVAILABLE (the server is shutting down).
+    """
     Consume: _grpc.UnaryStreamMultiCallable[_service_pb2.ConsumeRequest, _service_pb2.ConsumeResponse]
     """Consume opens a stream of deliveries from one or more queues, in priority order.
     The server never has more than `max_outstanding` un-acked deliveries on the
@@ -136,6 +147,17 @@ class DelayQueueServiceAsyncStub(DelayQueueServiceStub):
     the valid ones are stored even when others are refused, and a Redis failure
     on one shard answers only that shard's jobs. An RPC-level error means no job
     was stored. Errors: INVALID_ARGUMENT (batch empty or over the cap), UNAVAILABLE.
+    """
+    EnqueueStream: _aio.StreamStreamMultiCallable[_service_pb2.EnqueueStreamRequest, _service_pb2.EnqueueStreamResponse]  # type: ignore[assignment]
+    """EnqueueStream carries many EnqueueBatch calls over one long-lived stream: each
+    request message is a batch, answered by one response message with the same
+    `batch_id`, in the order the batches finish (not the order they were sent).
+    A message costs the server about half a unary call, so clients that gather
+    their callers' jobs (the Python AsyncClient) send them this way. The stream's
+    credentials are checked when it opens; each batch's namespaces are checked
+    per message. A refused batch is answered with `error` and the stream goes on.
+    Errors (ending the stream): UNAUTHENTICATED, INVALID_ARGUMENT (a message that
+    is not an EnqueueStreamRequest), UNAVAILABLE (the server is shutting down).
     """
     Consume: _aio.UnaryStreamMultiCallable[_service_pb2.ConsumeRequest, _service_pb2.ConsumeResponse]  # type: ignore[assignment]
     """Consume opens a stream of deliveries from one or more queues, in priority order.
@@ -229,6 +251,23 @@ class DelayQueueServiceServicer(metaclass=_abc_1.ABCMeta):
         the valid ones are stored even when others are refused, and a Redis failure
         on one shard answers only that shard's jobs. An RPC-level error means no job
         was stored. Errors: INVALID_ARGUMENT (batch empty or over the cap), UNAVAILABLE.
+        """
+
+    @_abc_1.abstractmethod
+    def EnqueueStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_service_pb2.EnqueueStreamRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_service_pb2.EnqueueStreamResponse], _abc.AsyncIterator[_service_pb2.EnqueueStreamResponse]]:
+        """EnqueueStream carries many EnqueueBatch calls over one long-lived stream: each
+        request message is a batch, answered by one response message with the same
+        `batch_id`, in the order the batches finish (not the order they were sent).
+        A message costs the server about half a unary call, so clients that gather
+        their callers' jobs (the Python AsyncClient) send them this way. The stream's
+        credentials are checked when it opens; each batch's namespaces are checked
+        per message. A refused batch is answered with `error` and the stream goes on.
+        Errors (ending the stream): UNAUTHENTICATED, INVALID_ARGUMENT (a message that
+        is not an EnqueueStreamRequest), UNAVAILABLE (the server is shutting down).
         """
 
     @_abc_1.abstractmethod

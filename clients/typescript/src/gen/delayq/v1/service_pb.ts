@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file delayq/v1/service.proto.
  */
 export const file_delayq_v1_service: GenFile = /*@__PURE__*/
-  fileDesc("ChdkZWxheXEvdjEvc2VydmljZS5wcm90bxIJZGVsYXlxLnYxIpIDCg5FbnF1ZXVlUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSDQoFcXVldWUYAiABKAkSDwoHcGF5bG9hZBgDIAEoDBI3CgdoZWFkZXJzGAQgAygLMiYuZGVsYXlxLnYxLkVucXVldWVSZXF1ZXN0LkhlYWRlcnNFbnRyeRIqCgVkZWxheRgFIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbkgAEi4KCGR1ZV90aW1lGAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEgAEiYKA3R0bBgHIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIUCgxtYXhfYXR0ZW1wdHMYCCABKA0SJQoFcmV0cnkYCSABKAsyFi5kZWxheXEudjEuUmV0cnlQb2xpY3kSFwoPaWRlbXBvdGVuY3lfa2V5GAogASgJGi4KDEhlYWRlcnNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBQgoKCHNjaGVkdWxlImIKD0VucXVldWVSZXNwb25zZRIOCgZqb2JfaWQYASABKAkSLAoIZHVlX3RpbWUYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCWR1cGxpY2F0ZRgDIAEoCCJCChNFbnF1ZXVlQmF0Y2hSZXF1ZXN0EisKCHJlcXVlc3RzGAEgAygLMhkuZGVsYXlxLnYxLkVucXVldWVSZXF1ZXN0ImgKEkVucXVldWVCYXRjaFJlc3VsdBIsCghyZXNwb25zZRgBIAEoCzIaLmRlbGF5cS52MS5FbnF1ZXVlUmVzcG9uc2USJAoFZXJyb3IYAiABKAsyFS5kZWxheXEudjEuQmF0Y2hFcnJvciIrCgpCYXRjaEVycm9yEgwKBGNvZGUYASABKAUSDwoHbWVzc2FnZRgCIAEoCSJGChRFbnF1ZXVlQmF0Y2hSZXNwb25zZRIuCgdyZXN1bHRzGAEgAygLMh0uZGVsYXlxLnYxLkVucXVldWVCYXRjaFJlc3VsdCLEAQoOQ29uc3VtZVJlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEg4KBnF1ZXVlcxgCIAMoCRIXCg9tYXhfb3V0c3RhbmRpbmcYAyABKA0SMQoObGVhc2VfZHVyYXRpb24YBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SEQoJbWF4X2JhdGNoGAUgASgNEjAKDXJlbGVhc2VfZ3JhY2UYBiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iOgoPQ29uc3VtZVJlc3BvbnNlEicKCmRlbGl2ZXJpZXMYASADKAsyEy5kZWxheXEudjEuRGVsaXZlcnkiIgoKQWNrUmVxdWVzdBIUCgxsZWFzZV90b2tlbnMYASADKAkiNAoLQWNrUmVzcG9uc2USJQoHcmVzdWx0cxgBIAMoDjIULmRlbGF5cS52MS5BY2tSZXN1bHQiJgoOUmVsZWFzZVJlcXVlc3QSFAoMbGVhc2VfdG9rZW5zGAEgAygJIjwKD1JlbGVhc2VSZXNwb25zZRIpCgdyZXN1bHRzGAEgAygOMhguZGVsYXlxLnYxLlJlbGVhc2VSZXN1bHQicQoLTmFja1JlcXVlc3QSEwoLbGVhc2VfdG9rZW4YASABKAkSKAoFZGVsYXkYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SEwoLZGVhZF9sZXR0ZXIYAyABKAgSDgoGcmVhc29uGAQgASgJImAKDE5hY2tSZXNwb25zZRIiCgVzdGF0ZRgBIAEoDjITLmRlbGF5cS52MS5Kb2JTdGF0ZRIsCghkdWVfdGltZRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiVwoSRXh0ZW5kTGVhc2VSZXF1ZXN0EhMKC2xlYXNlX3Rva2VuGAEgASgJEiwKCWV4dGVuc2lvbhgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiJJChNFeHRlbmRMZWFzZVJlc3BvbnNlEjIKDmxlYXNlX2RlYWRsaW5lGAEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJACgxRdWVyeVJlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEg0KBXF1ZXVlGAIgASgJEg4KBmpvYl9pZBgDIAEoCSIsCg1RdWVyeVJlc3BvbnNlEhsKA2pvYhgBIAEoCzIOLmRlbGF5cS52MS5Kb2IiQQoNRGVsZXRlUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSDQoFcXVldWUYAiABKAkSDgoGam9iX2lkGAMgASgJIj0KDkRlbGV0ZVJlc3BvbnNlEisKDnByZXZpb3VzX3N0YXRlGAEgASgOMhMuZGVsYXlxLnYxLkpvYlN0YXRlIjgKFEdldFF1ZXVlU3RhdHNSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRINCgVxdWV1ZRgCIAEoCSI9ChVHZXRRdWV1ZVN0YXRzUmVzcG9uc2USJAoFc3RhdHMYASABKAsyFS5kZWxheXEudjEuUXVldWVTdGF0cyJeChNMaXN0RGVhZEpvYnNSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRINCgVxdWV1ZRgCIAEoCRIRCglwYWdlX3NpemUYAyABKA0SEgoKcGFnZV90b2tlbhgEIAEoCSJNChRMaXN0RGVhZEpvYnNSZXNwb25zZRIcCgRqb2JzGAEgAygLMg4uZGVsYXlxLnYxLkpvYhIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiWgoWUmVkcml2ZURlYWRKb2JzUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSDQoFcXVldWUYAiABKAkSDwoHam9iX2lkcxgDIAMoCRINCgVsaW1pdBgEIAEoDSIrChdSZWRyaXZlRGVhZEpvYnNSZXNwb25zZRIQCghyZWRyaXZlbhgBIAEoDSJYChRQdXJnZURlYWRKb2JzUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSDQoFcXVldWUYAiABKAkSDwoHam9iX2lkcxgDIAMoCRINCgVsaW1pdBgEIAEoDSInChVQdXJnZURlYWRKb2JzUmVzcG9uc2USDgoGcHVyZ2VkGAEgASgNKmsKCUFja1Jlc3VsdBIaChZBQ0tfUkVTVUxUX1VOU1BFQ0lGSUVEEAASFAoQQUNLX1JFU1VMVF9BQ0tFRBABEhQKEEFDS19SRVNVTFRfU1RBTEUQAhIWChJBQ0tfUkVTVUxUX1VOS05PV04QAyqCAQoNUmVsZWFzZVJlc3VsdBIeChpSRUxFQVNFX1JFU1VMVF9VTlNQRUNJRklFRBAAEhsKF1JFTEVBU0VfUkVTVUxUX1JFTEVBU0VEEAESGAoUUkVMRUFTRV9SRVNVTFRfU1RBTEUQAhIaChZSRUxFQVNFX1JFU1VMVF9VTktOT1dOEAMytwcKEURlbGF5UXVldWVTZXJ2aWNlEkAKB0VucXVldWUSGS5kZWxheXEudjEuRW5xdWV1ZVJlcXVlc3QaGi5kZWxheXEudjEuRW5xdWV1ZVJlc3BvbnNlEk8KDEVucXVldWVCYXRjaBIeLmRlbGF5cS52MS5FbnF1ZXVlQmF0Y2hSZXF1ZXN0Gh8uZGVsYXlxLnYxLkVucXVldWVCYXRjaFJlc3BvbnNlEkIKB0NvbnN1bWUSGS5kZWxheXEudjEuQ29uc3VtZVJlcXVlc3QaGi5kZWxheXEudjEuQ29uc3VtZVJlc3BvbnNlMAESNAoDQWNrEhUuZGVsYXlxLnYxLkFja1JlcXVlc3QaFi5kZWxheXEudjEuQWNrUmVzcG9uc2USQAoHUmVsZWFzZRIZLmRlbGF5cS52MS5SZWxlYXNlUmVxdWVzdBoaLmRlbGF5cS52MS5SZWxlYXNlUmVzcG9uc2USNwoETmFjaxIWLmRlbGF5cS52MS5OYWNrUmVxdWVzdBoXLmRlbGF5cS52MS5OYWNrUmVzcG9uc2USTAoLRXh0ZW5kTGVhc2USHS5kZWxheXEudjEuRXh0ZW5kTGVhc2VSZXF1ZXN0Gh4uZGVsYXlxLnYxLkV4dGVuZExlYXNlUmVzcG9uc2USOgoFUXVlcnkSFy5kZWxheXEudjEuUXVlcnlSZXF1ZXN0GhguZGVsYXlxLnYxLlF1ZXJ5UmVzcG9uc2USPQoGRGVsZXRlEhguZGVsYXlxLnYxLkRlbGV0ZVJlcXVlc3QaGS5kZWxheXEudjEuRGVsZXRlUmVzcG9uc2USUgoNR2V0UXVldWVTdGF0cxIfLmRlbGF5cS52MS5HZXRRdWV1ZVN0YXRzUmVxdWVzdBogLmRlbGF5cS52MS5HZXRRdWV1ZVN0YXRzUmVzcG9uc2USTwoMTGlzdERlYWRKb2JzEh4uZGVsYXlxLnYxLkxpc3REZWFkSm9ic1JlcXVlc3QaHy5kZWxheXEudjEuTGlzdERlYWRKb2JzUmVzcG9uc2USWAoPUmVkcml2ZURlYWRKb2JzEiEuZGVsYXlxLnYxLlJlZHJpdmVEZWFkSm9ic1JlcXVlc3QaIi5kZWxheXEudjEuUmVkcml2ZURlYWRKb2JzUmVzcG9uc2USUgoNUHVyZ2VEZWFkSm9icxIfLmRlbGF5cS52MS5QdXJnZURlYWRKb2JzUmVxdWVzdBogLmRlbGF5cS52MS5QdXJnZURlYWRKb2JzUmVzcG9uc2VCN1o1Z2l0aHViLmNvbS9kZWxheXEvZGVsYXlxL2NsaWVudHMvZ28vZGVsYXlxdjE7ZGVsYXlxdjFiBnByb3RvMw", [file_delayq_v1_job, file_google_protobuf_duration, file_google_protobuf_timestamp]);
+  fileDesc("ChdkZWxheXEvdjEvc2VydmljZS5wcm90bxIJZGVsYXlxLnYxIpIDCg5FbnF1ZXVlUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSDQoFcXVldWUYAiABKAkSDwoHcGF5bG9hZBgDIAEoDBI3CgdoZWFkZXJzGAQgAygLMiYuZGVsYXlxLnYxLkVucXVldWVSZXF1ZXN0LkhlYWRlcnNFbnRyeRIqCgVkZWxheRgFIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbkgAEi4KCGR1ZV90aW1lGAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEgAEiYKA3R0bBgHIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIUCgxtYXhfYXR0ZW1wdHMYCCABKA0SJQoFcmV0cnkYCSABKAsyFi5kZWxheXEudjEuUmV0cnlQb2xpY3kSFwoPaWRlbXBvdGVuY3lfa2V5GAogASgJGi4KDEhlYWRlcnNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBQgoKCHNjaGVkdWxlImIKD0VucXVldWVSZXNwb25zZRIOCgZqb2JfaWQYASABKAkSLAoIZHVlX3RpbWUYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCWR1cGxpY2F0ZRgDIAEoCCJCChNFbnF1ZXVlQmF0Y2hSZXF1ZXN0EisKCHJlcXVlc3RzGAEgAygLMhkuZGVsYXlxLnYxLkVucXVldWVSZXF1ZXN0ImgKEkVucXVldWVCYXRjaFJlc3VsdBIsCghyZXNwb25zZRgBIAEoCzIaLmRlbGF5cS52MS5FbnF1ZXVlUmVzcG9uc2USJAoFZXJyb3IYAiABKAsyFS5kZWxheXEudjEuQmF0Y2hFcnJvciIrCgpCYXRjaEVycm9yEgwKBGNvZGUYASABKAUSDwoHbWVzc2FnZRgCIAEoCSJGChRFbnF1ZXVlQmF0Y2hSZXNwb25zZRIuCgdyZXN1bHRzGAEgAygLMh0uZGVsYXlxLnYxLkVucXVldWVCYXRjaFJlc3VsdCJVChRFbnF1ZXVlU3RyZWFtUmVxdWVzdBIQCghiYXRjaF9pZBgBIAEoBBIrCghyZXF1ZXN0cxgCIAMoCzIZLmRlbGF5cS52MS5FbnF1ZXVlUmVxdWVzdCJ/ChVFbnF1ZXVlU3RyZWFtUmVzcG9uc2USEAoIYmF0Y2hfaWQYASABKAQSLgoHcmVzdWx0cxgCIAMoCzIdLmRlbGF5cS52MS5FbnF1ZXVlQmF0Y2hSZXN1bHQSJAoFZXJyb3IYAyABKAsyFS5kZWxheXEudjEuQmF0Y2hFcnJvciLEAQoOQ29uc3VtZVJlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEg4KBnF1ZXVlcxgCIAMoCRIXCg9tYXhfb3V0c3RhbmRpbmcYAyABKA0SMQoObGVhc2VfZHVyYXRpb24YBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SEQoJbWF4X2JhdGNoGAUgASgNEjAKDXJlbGVhc2VfZ3JhY2UYBiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iOgoPQ29uc3VtZVJlc3BvbnNlEicKCmRlbGl2ZXJpZXMYASADKAsyEy5kZWxheXEudjEuRGVsaXZlcnkiIgoKQWNrUmVxdWVzdBIUCgxsZWFzZV90b2tlbnMYASADKAkiNAoLQWNrUmVzcG9uc2USJQoHcmVzdWx0cxgBIAMoDjIULmRlbGF5cS52MS5BY2tSZXN1bHQiJgoOUmVsZWFzZVJlcXVlc3QSFAoMbGVhc2VfdG9rZW5zGAEgAygJIjwKD1JlbGVhc2VSZXNwb25zZRIpCgdyZXN1bHRzGAEgAygOMhguZGVsYXlxLnYxLlJlbGVhc2VSZXN1bHQicQoLTmFja1JlcXVlc3QSEwoLbGVhc2VfdG9rZW4YASABKAkSKAoFZGVsYXkYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SEwoLZGVhZF9sZXR0ZXIYAyABKAgSDgoGcmVhc29uGAQgASgJImAKDE5hY2tSZXNwb25zZRIiCgVzdGF0ZRgBIAEoDjITLmRlbGF5cS52MS5Kb2JTdGF0ZRIsCghkdWVfdGltZRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiVwoSRXh0ZW5kTGVhc2VSZXF1ZXN0EhMKC2xlYXNlX3Rva2VuGAEgASgJEiwKCWV4dGVuc2lvbhgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiJJChNFeHRlbmRMZWFzZVJlc3BvbnNlEjIKDmxlYXNlX2RlYWRsaW5lGAEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJACgxRdWVyeVJlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEg0KBXF1ZXVlGAIgASgJEg4KBmpvYl9pZBgDIAEoCSIsCg1RdWVyeVJlc3BvbnNlEhsKA2pvYhgBIAEoCzIOLmRlbGF5cS52MS5Kb2IiQQoNRGVsZXRlUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSDQoFcXVldWUYAiABKAkSDgoGam9iX2lkGAMgASgJIj0KDkRlbGV0ZVJlc3BvbnNlEisKDnByZXZpb3VzX3N0YXRlGAEgASgOMhMuZGVsYXlxLnYxLkpvYlN0YXRlIjgKFEdldFF1ZXVlU3RhdHNSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRINCgVxdWV1ZRgCIAEoCSI9ChVHZXRRdWV1ZVN0YXRzUmVzcG9uc2USJAoFc3RhdHMYASABKAsyFS5kZWxheXEudjEuUXVldWVTdGF0cyJeChNMaXN0RGVhZEpvYnNSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRINCgVxdWV1ZRgCIAEoCRIRCglwYWdlX3NpemUYAyABKA0SEgoKcGFnZV90b2tlbhgEIAEoCSJNChRMaXN0RGVhZEpvYnNSZXNwb25zZRIcCgRqb2JzGAEgAygLMg4uZGVsYXlxLnYxLkpvYhIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiWgoWUmVkcml2ZURlYWRKb2JzUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSDQoFcXVldWUYAiABKAkSDwoHam9iX2lkcxgDIAMoCRINCgVsaW1pdBgEIAEoDSIrChdSZWRyaXZlRGVhZEpvYnNSZXNwb25zZRIQCghyZWRyaXZlbhgBIAEoDSJYChRQdXJnZURlYWRKb2JzUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSDQoFcXVldWUYAiABKAkSDwoHam9iX2lkcxgDIAMoCRINCgVsaW1pdBgEIAEoDSInChVQdXJnZURlYWRKb2JzUmVzcG9uc2USDgoGcHVyZ2VkGAEgASgNKmsKCUFja1Jlc3VsdBIaChZBQ0tfUkVTVUxUX1VOU1BFQ0lGSUVEEAASFAoQQUNLX1JFU1VMVF9BQ0tFRBABEhQKEEFDS19SRVNVTFRfU1RBTEUQAhIWChJBQ0tfUkVTVUxUX1VOS05PV04QAyqCAQoNUmVsZWFzZVJlc3VsdBIeChpSRUxFQVNFX1JFU1VMVF9VTlNQRUNJRklFRBAAEhsKF1JFTEVBU0VfUkVTVUxUX1JFTEVBU0VEEAESGAoUUkVMRUFTRV9SRVNVTFRfU1RBTEUQAhIaChZSRUxFQVNFX1JFU1VMVF9VTktOT1dOEAMyjwgKEURlbGF5UXVldWVTZXJ2aWNlEkAKB0VucXVldWUSGS5kZWxheXEudjEuRW5xdWV1ZVJlcXVlc3QaGi5kZWxheXEudjEuRW5xdWV1ZVJlc3BvbnNlEk8KDEVucXVldWVCYXRjaBIeLmRlbGF5cS52MS5FbnF1ZXVlQmF0Y2hSZXF1ZXN0Gh8uZGVsYXlxLnYxLkVucXVldWVCYXRjaFJlc3BvbnNlElYKDUVucXVldWVTdHJlYW0SHy5kZWxheXEudjEuRW5xdWV1ZVN0cmVhbVJlcXVlc3QaIC5kZWxheXEudjEuRW5xdWV1ZVN0cmVhbVJlc3BvbnNlKAEwARJCCgdDb25zdW1lEhkuZGVsYXlxLnYxLkNvbnN1bWVSZXF1ZXN0GhouZGVsYXlxLnYxLkNvbnN1bWVSZXNwb25zZTABEjQKA0FjaxIVLmRlbGF5cS52MS5BY2tSZXF1ZXN0GhYuZGVsYXlxLnYxLkFja1Jlc3BvbnNlEkAKB1JlbGVhc2USGS5kZWxheXEudjEuUmVsZWFzZVJlcXVlc3QaGi5kZWxheXEudjEuUmVsZWFzZVJlc3BvbnNlEjcKBE5hY2sSFi5kZWxheXEudjEuTmFja1JlcXVlc3QaFy5kZWxheXEudjEuTmFja1Jlc3BvbnNlEkwKC0V4dGVuZExlYXNlEh0uZGVsYXlxLnYxLkV4dGVuZExlYXNlUmVxdWVzdBoeLmRlbGF5cS52MS5FeHRlbmRMZWFzZVJlc3BvbnNlEjoKBVF1ZXJ5EhcuZGVsYXlxLnYxLlF1ZXJ5UmVxdWVzdBoYLmRlbGF5cS52MS5RdWVyeVJlc3BvbnNlEj0KBkRlbGV0ZRIYLmRlbGF5cS52MS5EZWxldGVSZXF1ZXN0GhkuZGVsYXlxLnYxLkRlbGV0ZVJlc3BvbnNlElIKDUdldFF1ZXVlU3RhdHMSHy5kZWxheXEudjEuR2V0UXVldWVTdGF0c1JlcXVlc3QaIC5kZWxheXEudjEuR2V0UXVldWVTdGF0c1Jlc3BvbnNlEk8KDExpc3REZWFkSm9icxIeLmRlbGF5cS52MS5MaXN0RGVhZEpvYnNSZXF1ZXN0Gh8uZGVsYXlxLnYxLkxpc3REZWFkSm9ic1Jlc3BvbnNlElgKD1JlZHJpdmVEZWFkSm9icxIhLmRlbGF5cS52MS5SZWRyaXZlRGVhZEpvYnNSZXF1ZXN0GiIuZGVsYXlxLnYxLlJlZHJpdmVEZWFkSm9ic1Jlc3BvbnNlElIKDVB1cmdlRGVhZEpvYnMSHy5kZWxheXEudjEuUHVyZ2VEZWFkSm9ic1JlcXVlc3QaIC5kZWxheXEudjEuUHVyZ2VEZWFkSm9ic1Jlc3BvbnNlQjdaNWdpdGh1Yi5jb20vZGVsYXlxL2RlbGF5cS9jbGllbnRzL2dvL2RlbGF5cXYxO2RlbGF5cXYxYgZwcm90bzM", [file_delayq_v1_job, file_google_protobuf_duration, file_google_protobuf_timestamp]);
 
 /**
  * EnqueueRequest is one job to store.
@@ -247,6 +247,71 @@ export const EnqueueBatchResponseSchema: GenMessage<EnqueueBatchResponse> = /*@_
   messageDesc(file_delayq_v1_service, 5);
 
 /**
+ * EnqueueStreamRequest is one batch on an EnqueueStream.
+ *
+ * @generated from message delayq.v1.EnqueueStreamRequest
+ */
+export type EnqueueStreamRequest = Message<"delayq.v1.EnqueueStreamRequest"> & {
+  /**
+   * Chosen by the client to match the answer; unique among its batches in flight.
+   *
+   * @generated from field: uint64 batch_id = 1;
+   */
+  batchId: bigint;
+
+  /**
+   * 1 to 1000 jobs, as in EnqueueBatchRequest.
+   *
+   * @generated from field: repeated delayq.v1.EnqueueRequest requests = 2;
+   */
+  requests: EnqueueRequest[];
+};
+
+/**
+ * Describes the message delayq.v1.EnqueueStreamRequest.
+ * Use `create(EnqueueStreamRequestSchema)` to create a new message.
+ */
+export const EnqueueStreamRequestSchema: GenMessage<EnqueueStreamRequest> = /*@__PURE__*/
+  messageDesc(file_delayq_v1_service, 6);
+
+/**
+ * EnqueueStreamResponse answers one EnqueueStreamRequest.
+ *
+ * @generated from message delayq.v1.EnqueueStreamResponse
+ */
+export type EnqueueStreamResponse = Message<"delayq.v1.EnqueueStreamResponse"> & {
+  /**
+   * The request's batch_id.
+   *
+   * @generated from field: uint64 batch_id = 1;
+   */
+  batchId: bigint;
+
+  /**
+   * Results, index-aligned with the request's jobs (empty when `error` is set).
+   *
+   * @generated from field: repeated delayq.v1.EnqueueBatchResult results = 2;
+   */
+  results: EnqueueBatchResult[];
+
+  /**
+   * Set when the whole batch was refused and none of its jobs stored: what a unary
+   * EnqueueBatch would have failed with (INVALID_ARGUMENT for an empty or oversized
+   * batch, PERMISSION_DENIED for a namespace the credentials do not cover).
+   *
+   * @generated from field: delayq.v1.BatchError error = 3;
+   */
+  error?: BatchError | undefined;
+};
+
+/**
+ * Describes the message delayq.v1.EnqueueStreamResponse.
+ * Use `create(EnqueueStreamResponseSchema)` to create a new message.
+ */
+export const EnqueueStreamResponseSchema: GenMessage<EnqueueStreamResponse> = /*@__PURE__*/
+  messageDesc(file_delayq_v1_service, 7);
+
+/**
  * ConsumeRequest opens a delivery stream.
  *
  * @generated from message delayq.v1.ConsumeRequest
@@ -307,7 +372,7 @@ export type ConsumeRequest = Message<"delayq.v1.ConsumeRequest"> & {
  * Use `create(ConsumeRequestSchema)` to create a new message.
  */
 export const ConsumeRequestSchema: GenMessage<ConsumeRequest> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_service, 6);
+  messageDesc(file_delayq_v1_service, 8);
 
 /**
  * ConsumeResponse carries one or more deliveries.
@@ -328,7 +393,7 @@ export type ConsumeResponse = Message<"delayq.v1.ConsumeResponse"> & {
  * Use `create(ConsumeResponseSchema)` to create a new message.
  */
 export const ConsumeResponseSchema: GenMessage<ConsumeResponse> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_service, 7);
+  messageDesc(file_delayq_v1_service, 9);
 
 /**
  * AckRequest completes deliveries.
@@ -349,7 +414,7 @@ export type AckRequest = Message<"delayq.v1.AckRequest"> & {
  * Use `create(AckRequestSchema)` to create a new message.
  */
 export const AckRequestSchema: GenMessage<AckRequest> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_service, 8);
+  messageDesc(file_delayq_v1_service, 10);
 
 /**
  * AckResponse has one result per token, in order.
@@ -370,7 +435,7 @@ export type AckResponse = Message<"delayq.v1.AckResponse"> & {
  * Use `create(AckResponseSchema)` to create a new message.
  */
 export const AckResponseSchema: GenMessage<AckResponse> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_service, 9);
+  messageDesc(file_delayq_v1_service, 11);
 
 /**
  * ReleaseRequest gives deliveries back unstarted.
@@ -391,7 +456,7 @@ export type ReleaseRequest = Message<"delayq.v1.ReleaseRequest"> & {
  * Use `create(ReleaseRequestSchema)` to create a new message.
  */
 export const ReleaseRequestSchema: GenMessage<ReleaseRequest> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_service, 10);
+  messageDesc(file_delayq_v1_service, 12);
 
 /**
  * ReleaseResponse has one result per token, in order.
@@ -412,7 +477,7 @@ export type ReleaseResponse = Message<"delayq.v1.ReleaseResponse"> & {
  * Use `create(ReleaseResponseSchema)` to create a new message.
  */
 export const ReleaseResponseSchema: GenMessage<ReleaseResponse> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_service, 11);
+  messageDesc(file_delayq_v1_service, 13);
 
 /**
  * NackRequest gives a delivery back.
@@ -454,7 +519,7 @@ export type NackRequest = Message<"delayq.v1.NackRequest"> & {
  * Use `create(NackRequestSchema)` to create a new message.
  */
 export const NackRequestSchema: GenMessage<NackRequest> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_service, 12);
+  messageDesc(file_delayq_v1_service, 14);
 
 /**
  * NackResponse says where the job went.
@@ -483,7 +548,7 @@ export type NackResponse = Message<"delayq.v1.NackResponse"> & {
  * Use `create(NackResponseSchema)` to create a new message.
  */
 export const NackResponseSchema: GenMessage<NackResponse> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_service, 13);
+  messageDesc(file_delayq_v1_service, 15);
 
 /**
  * ExtendLeaseRequest pushes a lease deadline.
@@ -511,7 +576,7 @@ export type ExtendLeaseRequest = Message<"delayq.v1.ExtendLeaseRequest"> & {
  * Use `create(ExtendLeaseRequestSchema)` to create a new message.
  */
 export const ExtendLeaseRequestSchema: GenMessage<ExtendLeaseRequest> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_service, 14);
+  messageDesc(file_delayq_v1_service, 16);
 
 /**
  * ExtendLeaseResponse has the new deadline.
@@ -532,7 +597,7 @@ export type ExtendLeaseResponse = Message<"delayq.v1.ExtendLeaseResponse"> & {
  * Use `create(ExtendLeaseResponseSchema)` to create a new message.
  */
 export const ExtendLeaseResponseSchema: GenMessage<ExtendLeaseResponse> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_service, 15);
+  messageDesc(file_delayq_v1_service, 17);
 
 /**
  * QueryRequest names one job.
@@ -567,7 +632,7 @@ export type QueryRequest = Message<"delayq.v1.QueryRequest"> & {
  * Use `create(QueryRequestSchema)` to create a new message.
  */
 export const QueryRequestSchema: GenMessage<QueryRequest> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_service, 16);
+  messageDesc(file_delayq_v1_service, 18);
 
 /**
  * QueryResponse holds the job.
@@ -588,7 +653,7 @@ export type QueryResponse = Message<"delayq.v1.QueryResponse"> & {
  * Use `create(QueryResponseSchema)` to create a new message.
  */
 export const QueryResponseSchema: GenMessage<QueryResponse> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_service, 17);
+  messageDesc(file_delayq_v1_service, 19);
 
 /**
  * DeleteRequest names one job.
@@ -623,7 +688,7 @@ export type DeleteRequest = Message<"delayq.v1.DeleteRequest"> & {
  * Use `create(DeleteRequestSchema)` to create a new message.
  */
 export const DeleteRequestSchema: GenMessage<DeleteRequest> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_service, 18);
+  messageDesc(file_delayq_v1_service, 20);
 
 /**
  * DeleteResponse reports the state the job was in.
@@ -644,7 +709,7 @@ export type DeleteResponse = Message<"delayq.v1.DeleteResponse"> & {
  * Use `create(DeleteResponseSchema)` to create a new message.
  */
 export const DeleteResponseSchema: GenMessage<DeleteResponse> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_service, 19);
+  messageDesc(file_delayq_v1_service, 21);
 
 /**
  * GetQueueStatsRequest names one queue.
@@ -672,7 +737,7 @@ export type GetQueueStatsRequest = Message<"delayq.v1.GetQueueStatsRequest"> & {
  * Use `create(GetQueueStatsRequestSchema)` to create a new message.
  */
 export const GetQueueStatsRequestSchema: GenMessage<GetQueueStatsRequest> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_service, 20);
+  messageDesc(file_delayq_v1_service, 22);
 
 /**
  * GetQueueStatsResponse holds the counts.
@@ -693,7 +758,7 @@ export type GetQueueStatsResponse = Message<"delayq.v1.GetQueueStatsResponse"> &
  * Use `create(GetQueueStatsResponseSchema)` to create a new message.
  */
 export const GetQueueStatsResponseSchema: GenMessage<GetQueueStatsResponse> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_service, 21);
+  messageDesc(file_delayq_v1_service, 23);
 
 /**
  * ListDeadJobsRequest pages through the dead-letter set.
@@ -735,7 +800,7 @@ export type ListDeadJobsRequest = Message<"delayq.v1.ListDeadJobsRequest"> & {
  * Use `create(ListDeadJobsRequestSchema)` to create a new message.
  */
 export const ListDeadJobsRequestSchema: GenMessage<ListDeadJobsRequest> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_service, 22);
+  messageDesc(file_delayq_v1_service, 24);
 
 /**
  * ListDeadJobsResponse is one page of dead jobs.
@@ -763,7 +828,7 @@ export type ListDeadJobsResponse = Message<"delayq.v1.ListDeadJobsResponse"> & {
  * Use `create(ListDeadJobsResponseSchema)` to create a new message.
  */
 export const ListDeadJobsResponseSchema: GenMessage<ListDeadJobsResponse> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_service, 23);
+  messageDesc(file_delayq_v1_service, 25);
 
 /**
  * RedriveDeadJobsRequest picks dead jobs to retry.
@@ -805,7 +870,7 @@ export type RedriveDeadJobsRequest = Message<"delayq.v1.RedriveDeadJobsRequest">
  * Use `create(RedriveDeadJobsRequestSchema)` to create a new message.
  */
 export const RedriveDeadJobsRequestSchema: GenMessage<RedriveDeadJobsRequest> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_service, 24);
+  messageDesc(file_delayq_v1_service, 26);
 
 /**
  * RedriveDeadJobsResponse counts moved jobs.
@@ -826,7 +891,7 @@ export type RedriveDeadJobsResponse = Message<"delayq.v1.RedriveDeadJobsResponse
  * Use `create(RedriveDeadJobsResponseSchema)` to create a new message.
  */
 export const RedriveDeadJobsResponseSchema: GenMessage<RedriveDeadJobsResponse> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_service, 25);
+  messageDesc(file_delayq_v1_service, 27);
 
 /**
  * PurgeDeadJobsRequest picks dead jobs to delete.
@@ -868,7 +933,7 @@ export type PurgeDeadJobsRequest = Message<"delayq.v1.PurgeDeadJobsRequest"> & {
  * Use `create(PurgeDeadJobsRequestSchema)` to create a new message.
  */
 export const PurgeDeadJobsRequestSchema: GenMessage<PurgeDeadJobsRequest> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_service, 26);
+  messageDesc(file_delayq_v1_service, 28);
 
 /**
  * PurgeDeadJobsResponse counts deleted jobs.
@@ -889,7 +954,7 @@ export type PurgeDeadJobsResponse = Message<"delayq.v1.PurgeDeadJobsResponse"> &
  * Use `create(PurgeDeadJobsResponseSchema)` to create a new message.
  */
 export const PurgeDeadJobsResponseSchema: GenMessage<PurgeDeadJobsResponse> = /*@__PURE__*/
-  messageDesc(file_delayq_v1_service, 27);
+  messageDesc(file_delayq_v1_service, 29);
 
 /**
  * AckResult is the outcome for one token.
@@ -1013,6 +1078,24 @@ export const DelayQueueService: GenService<{
     methodKind: "unary";
     input: typeof EnqueueBatchRequestSchema;
     output: typeof EnqueueBatchResponseSchema;
+  },
+  /**
+   * EnqueueStream carries many EnqueueBatch calls over one long-lived stream: each
+   * request message is a batch, answered by one response message with the same
+   * `batch_id`, in the order the batches finish (not the order they were sent).
+   * A message costs the server about half a unary call, so clients that gather
+   * their callers' jobs (the Python AsyncClient) send them this way. The stream's
+   * credentials are checked when it opens; each batch's namespaces are checked
+   * per message. A refused batch is answered with `error` and the stream goes on.
+   * Errors (ending the stream): UNAUTHENTICATED, INVALID_ARGUMENT (a message that
+   * is not an EnqueueStreamRequest), UNAVAILABLE (the server is shutting down).
+   *
+   * @generated from rpc delayq.v1.DelayQueueService.EnqueueStream
+   */
+  enqueueStream: {
+    methodKind: "bidi_streaming";
+    input: typeof EnqueueStreamRequestSchema;
+    output: typeof EnqueueStreamResponseSchema;
   },
   /**
    * Consume opens a stream of deliveries from one or more queues, in priority order.

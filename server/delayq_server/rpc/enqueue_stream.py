@@ -1,0 +1,98 @@
+"""EnqueueStream: EnqueueBatch calls carried as messages on one long-lived stream.
+
+A stream message costs grpc.aio about half of a unary call, on the server and on
+the client (docs/decisions.md, "EnqueueStream"), so the Python AsyncClient sends the
+batches it gathers from concurrent `enqueue` callers this way. Each message is
+answered on its own, by `batch_id`, in the order batches finish; a refused batch is
+answered with an error and the stream goes on, as later calls would after a failed
+unary EnqueueBatch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any, cast
+
+from delayq.v1 import service_pb2
+from delayq_server import errors
+from delayq_server.auth import principal
+from delayq_server.rpc.base import Ctx
+from delayq_server.rpc.enqueue import EnqueueRpcs, batch_size
+
+# Batches of one stream being stored at once. More wait unread, so a client that
+# sends faster than Redis stores is held back by HTTP/2 flow control, not by memory.
+BATCHES_IN_FLIGHT = 8
+
+_PERMISSION_DENIED = 7  # grpc.StatusCode.PERMISSION_DENIED
+
+
+class EnqueueStreamRpcs(EnqueueRpcs):
+    """Mixed into DelayQueueService."""
+
+    async def EnqueueStream(
+        self, requests: AsyncIterator[service_pb2.EnqueueStreamRequest], context: Ctx
+    ) -> AsyncIterator[service_pb2.EnqueueStreamResponse]:
+        answers: asyncio.Queue[service_pb2.EnqueueStreamResponse | None] = asyncio.Queue()
+        slots = asyncio.Semaphore(BATCHES_IN_FLIGHT)
+        failure: list[BaseException] = []
+
+        async def answer(request: service_pb2.EnqueueStreamRequest) -> None:
+            try:
+                answers.put_nowait(await self._stream_batch(request, context))
+            finally:
+                slots.release()
+
+        async def read() -> None:
+            running: set[asyncio.Task[None]] = set()
+            try:
+                async for request in requests:
+                    await slots.acquire()
+                    task = asyncio.create_task(answer(request))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+                # The client half-closed: answer every batch it sent, then end.
+                if running:
+                    await asyncio.wait(running)
+            except BaseException as exc:  # an undecodable message aborts the stream
+                failure.append(exc)
+                raise
+            finally:
+                answers.put_nowait(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (response := await answers.get()) is not None:
+                yield response
+            if failure:
+                raise failure[0]
+        finally:
+            reader.cancel()
+
+    async def _stream_batch(
+        self, request: service_pb2.EnqueueStreamRequest, context: Ctx
+    ) -> service_pb2.EnqueueStreamResponse:
+        """One message's answer: per-job results, or the error a unary EnqueueBatch
+        would have failed with (nothing stored)."""
+        try:
+            batch_size(len(request.requests))
+            p = principal.current()  # set when the stream opened (auth/interceptor.py)
+            for job in () if p.namespace == principal.ALL_NAMESPACES else request.requests:
+                ns = job.namespace or "default"
+                if not p.allows(ns):
+                    return service_pb2.EnqueueStreamResponse(
+                        batch_id=request.batch_id,
+                        error=service_pb2.BatchError(
+                            code=_PERMISSION_DENIED, message=principal.namespace_refusal(p, ns)
+                        ),
+                    )
+            results = await self._batch_results(request.requests, context, trace=False)
+        except Exception as exc:
+            code, message = errors.to_status(exc)
+            return service_pb2.EnqueueStreamResponse(
+                batch_id=request.batch_id,
+                error=service_pb2.BatchError(code=code.value[0], message=message),
+            )
+        return service_pb2.EnqueueStreamResponse(
+            batch_id=request.batch_id, results=cast(Any, results)
+        )
