@@ -222,6 +222,7 @@ class App:
             )
         self.http_port = 0
         self.pusher: Pusher | None = None
+        self.servicer: DelayQueueService | None = None  # set by start()
         if cfg.push_config is not None or cfg.push:
             targets = None
             if cfg.push_config is not None:
@@ -291,7 +292,7 @@ class App:
         await self.timers.start()
         if self.gauges is not None and self.telemetry.providers.push_metrics:
             self.gauges.start_background()
-        service = DelayQueueService(
+        service = self.servicer = DelayQueueService(
             self.cfg, self.store, self.dispatcher, self.timers, self.telemetry, self.quotas
         )
         # Without interceptors the handlers themselves decode (cheaper per call:
@@ -359,6 +360,8 @@ class App:
         if self.pusher is not None:  # before the streams close: its own settle first
             await self.pusher.stop()
         self.dispatcher.close_all()
+        if self.servicer is not None:
+            self.servicer.close_enqueue_streams()
         await self.server.stop(grace)
         if self.http is not None:
             await self.http.stop()

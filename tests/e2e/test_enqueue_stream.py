@@ -208,3 +208,37 @@ def test_a_stream_cut_by_the_client_leaves_the_server_serving(
     call.cancel()
     gate.set()
     assert answers(stub, [S(batch_id=2, requests=[E(queue="known", payload=b"d")])])[2].results
+
+
+def test_shutdown_answers_what_was_read_and_ends_the_stream_unavailable(
+    tmp_path: Path,
+) -> None:
+    """A graceful stop does not wait out its grace for open EnqueueStreams: each answers
+    the batches it read and ends UNAVAILABLE, so its client sends the rest elsewhere."""
+    with (
+        ManagedRedis(tmp_path / "redis", appendonly=False) as r,
+        DelayqProcess(r.url, ["--grace", "120s"]) as server,
+        server.channel() as ch,
+    ):
+        stub = server.stub(ch)
+        outbox: queue_mod.Queue[service_pb2.EnqueueStreamRequest | None] = queue_mod.Queue()
+
+        def requests() -> Iterator[service_pb2.EnqueueStreamRequest]:
+            while (item := outbox.get()) is not None:
+                yield item
+
+        call: Any = stub.EnqueueStream(requests(), timeout=300)
+        outbox.put(S(batch_id=1, requests=[E(queue="q", payload=b"kept")]))
+        first = next(call)
+        assert first.batch_id == 1 and first.results[0].response.job_id
+        stopped = threading.Thread(target=server.terminate, kwargs={"timeout": 300})
+        stopped.start()
+        with pytest.raises(grpc.RpcError) as info:
+            next(call)
+        outbox.put(None)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "shutting down" in (info.value.details() or "")
+        stopped.join()
+        client = redis.Redis.from_url(r.url)
+        assert int(client.hget("dq:{default/q/0}:stats", "enqueued") or 0) == 1
+        client.close()

@@ -25,14 +25,32 @@ from delayq_server.rpc.enqueue import EnqueueRpcs, batch_size
 BATCHES_IN_FLIGHT = 8
 
 _PERMISSION_DENIED = 7  # grpc.StatusCode.PERMISSION_DENIED
+_SHUTTING_DOWN = errors.Unavailable(
+    "the server is shutting down: send the batches not answered on a new stream"
+)
 
 
 class EnqueueStreamRpcs(EnqueueRpcs):
     """Mixed into DelayQueueService."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._enqueue_readers: set[asyncio.Task[None]] = set()
+        self._enqueue_closing = False
+
+    def close_enqueue_streams(self) -> None:
+        """Shutdown: every stream stops reading, answers the batches it read, and ends
+        UNAVAILABLE, so a client sends the rest again on a new stream (to another
+        replica) instead of the server holding its shutdown until the grace runs out."""
+        self._enqueue_closing = True
+        for reader in list(self._enqueue_readers):
+            reader.cancel()
+
     async def EnqueueStream(
         self, requests: AsyncIterator[service_pb2.EnqueueStreamRequest], context: Ctx
     ) -> AsyncIterator[service_pb2.EnqueueStreamResponse]:
+        if self._enqueue_closing:
+            await errors.abort(context, _SHUTTING_DOWN)
         answers: asyncio.Queue[service_pb2.EnqueueStreamResponse | None] = asyncio.Queue()
         slots = asyncio.Semaphore(BATCHES_IN_FLIGHT)
         failure: list[BaseException] = []
@@ -46,12 +64,17 @@ class EnqueueStreamRpcs(EnqueueRpcs):
         async def read() -> None:
             running: set[asyncio.Task[None]] = set()
             try:
-                async for request in requests:
-                    await slots.acquire()
-                    task = asyncio.create_task(answer(request))
-                    running.add(task)
-                    task.add_done_callback(running.discard)
-                # The client half-closed: answer every batch it sent, then end.
+                try:
+                    async for request in requests:
+                        await slots.acquire()
+                        task = asyncio.create_task(answer(request))
+                        running.add(task)
+                        task.add_done_callback(running.discard)
+                except asyncio.CancelledError:
+                    if not self._enqueue_closing:
+                        raise
+                    failure.append(_SHUTTING_DOWN)
+                # Half-closed by the client, or shutdown: answer every batch read, then end.
                 if running:
                     await asyncio.wait(running)
             except BaseException as exc:  # an undecodable message aborts the stream
@@ -61,9 +84,13 @@ class EnqueueStreamRpcs(EnqueueRpcs):
                 answers.put_nowait(None)
 
         reader = asyncio.create_task(read())
+        self._enqueue_readers.add(reader)
+        reader.add_done_callback(self._enqueue_readers.discard)
         try:
             while (response := await answers.get()) is not None:
                 yield response
+            if failure and isinstance(failure[0], errors.DelayqError):
+                await errors.abort(context, failure[0])
             if failure:
                 raise failure[0]
         finally:
