@@ -75,8 +75,12 @@ class EnqueueStreamRpcs(EnqueueRpcs):
                         raise
                     failure.append(_SHUTTING_DOWN)
                 # Half-closed by the client, or shutdown: answer every batch read, then end.
-                if running:
-                    await asyncio.wait(running)
+                while running:
+                    try:
+                        await asyncio.wait(running)
+                    except asyncio.CancelledError:  # shutdown during the wait: keep waiting
+                        if not self._enqueue_closing:
+                            raise
             except BaseException as exc:  # an undecodable message aborts the stream
                 failure.append(exc)
                 raise
