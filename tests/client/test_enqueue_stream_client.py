@@ -17,7 +17,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from delayq import AsyncClient, Batching, UnavailableError
 from delayq._channel import channel_options
-from delayq._enqueue_stream import EnqueueStream
+from delayq._enqueue_stream import ACCEPTED_KEY, EnqueueStream
 from delayq.v1 import service_pb2, service_pb2_grpc
 from tests.support.servers import free_port
 
@@ -156,6 +156,7 @@ class Proxy:
             return call
 
         async def enqueue_stream(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+            await context.send_initial_metadata(((ACCEPTED_KEY, "1"),))  # as the contract says
             async for m in requests:
                 batch = await real.EnqueueBatch(
                     service_pb2.EnqueueBatchRequest(requests=m.requests), timeout=10

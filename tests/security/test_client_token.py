@@ -37,3 +37,16 @@ async def test_async_client_and_worker_with_a_token(auth_srv: AuthServer) -> Non
         assert sorted(seen) == sorted(f"j{i}" for i in range(10))  # type: ignore[type-var]
         stats = await client.stats("jobs")
         assert stats.acked_total == 10
+
+
+async def test_a_stream_refused_at_open_reports_its_own_status(auth_srv: AuthServer) -> None:
+    """The AsyncClient writes batches only once the server accepted its EnqueueStream: a
+    write that raced the refusal made grpc.aio report INTERNAL instead (grpc#36066)."""
+    async with AsyncClient(auth_srv.address, namespace="refused-open") as anon:
+        for _ in range(50):  # each round opens a new stream, refused again
+            outcomes = await asyncio.gather(
+                *(anon.enqueue("jobs", i) for i in range(100)), return_exceptions=True
+            )
+            assert all(isinstance(o, UnauthenticatedError) for o in outcomes), {
+                type(o).__name__ for o in outcomes
+            }

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from types import SimpleNamespace
 
 import pytest
@@ -11,6 +11,7 @@ import redis.asyncio as aioredis
 from delayq_server import stream as stream_module
 from delayq_server.store import Store
 from tests.support.seed import Shard
+from tests.support.servers import ManagedRedis
 from tests.support.streams import StreamClock, Streams
 
 
@@ -32,3 +33,20 @@ async def streams(store: Store, monkeypatch: pytest.MonkeyPatch) -> AsyncIterato
     opened = Streams(store, clock)
     yield opened
     await opened.close()
+
+
+@pytest.fixture(scope="module")
+def quiet_redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A redis-server nobody else uses, for tests that count commands (INFO
+    commandstats is server-wide). The session's shared redis-server also serves the
+    e2e suite's server, whose timers may run scripts at any moment of a later test."""
+    with ManagedRedis(tmp_path_factory.mktemp("quiet"), appendonly=False) as server:
+        yield server.url
+
+
+@pytest.fixture
+async def quiet_redis(quiet_redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(quiet_redis_url, decode_responses=False)
+    await client.flushall()
+    yield client
+    await client.aclose()

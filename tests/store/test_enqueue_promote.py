@@ -120,9 +120,11 @@ async def test_runs_of_one_due_time_in_a_call_keep_every_bucket_whole(
             assert len({due for _, due in jobs}) == 1
 
 
-async def test_a_call_of_one_due_time_looks_its_bucket_up_once(store: Store, shard: Shard) -> None:
+async def test_a_call_of_one_due_time_looks_its_bucket_up_once(quiet_redis: Any) -> None:
     """100 jobs of one delay in one call: one bucket lookup and size read, not one per
     job (plus three split probes per job once the bucket is full of that instant)."""
+    store = Store(quiet_redis, bucket_width_ms=1000, completed_retention_ms=0)
+    shard = Shard(store)
     await store.enqueue(shard.keys, [spec(delay_ms=5_000) for _ in range(100)], T0)
     await store.redis.config_resetstat()
     await store.enqueue(shard.keys, [spec(delay_ms=5_000) for _ in range(100)], T0)

@@ -42,8 +42,9 @@ async def test_the_rate_still_holds_for_concurrent_calls(aredis: aioredis.Redis)
 
 
 async def test_a_refused_refill_answers_its_waiters_without_more_bucket_calls(
-    aredis: aioredis.Redis,
+    quiet_redis: aioredis.Redis,
 ) -> None:
+    aredis = quiet_redis  # counts EVALSHA calls: a Redis of its own (conftest.py)
     quotas = Quotas(QuotaStore(aredis), LIMITS, "srv")
     await quotas.enqueue("ns", 1_000)  # the whole burst
     before = (await aredis.info("commandstats")).get("cmdstat_evalsha", {}).get("calls", 0)

@@ -65,6 +65,9 @@ type DelayQueueServiceClient interface {
 	// their callers' jobs (the Python AsyncClient) send them this way. The stream's
 	// credentials are checked when it opens; each batch's namespaces are checked
 	// per message. A refused batch is answered with `error` and the stream goes on.
+	// The server sends the response header `delayq-enqueue-stream: 1` as soon as it
+	// accepts the stream; clients write their first batch after it, so a stream
+	// refused at open is seen with its own status.
 	// Errors (ending the stream): UNAUTHENTICATED, INVALID_ARGUMENT (a message that
 	// is not an EnqueueStreamRequest), UNAVAILABLE (the server is shutting down).
 	EnqueueStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[EnqueueStreamRequest, EnqueueStreamResponse], error)
@@ -307,6 +310,9 @@ type DelayQueueServiceServer interface {
 	// their callers' jobs (the Python AsyncClient) send them this way. The stream's
 	// credentials are checked when it opens; each batch's namespaces are checked
 	// per message. A refused batch is answered with `error` and the stream goes on.
+	// The server sends the response header `delayq-enqueue-stream: 1` as soon as it
+	// accepts the stream; clients write their first batch after it, so a stream
+	// refused at open is seen with its own status.
 	// Errors (ending the stream): UNAUTHENTICATED, INVALID_ARGUMENT (a message that
 	// is not an EnqueueStreamRequest), UNAVAILABLE (the server is shutting down).
 	EnqueueStream(grpc.BidiStreamingServer[EnqueueStreamRequest, EnqueueStreamResponse]) error

@@ -28,6 +28,8 @@ __all__ = ["EnqueueStream"]
 
 # What grpc.aio sets as the call's status when a message cannot be sent (_call.py).
 _CORE_WRITE_FAILURE = "Internal error from Core"
+# The server's response header when it accepts the stream (proto: EnqueueStream).
+ACCEPTED_KEY = "delayq-enqueue-stream"
 
 
 class _Open:
@@ -37,6 +39,8 @@ class _Open:
         self.call = call
         self.waiting: dict[int, asyncio.Future[service_pb2.EnqueueStreamResponse]] = {}
         self.error: DelayqError | None = None
+        self.ended = asyncio.Event()  # the reader has set `error`
+        self.accepted: asyncio.Task[bool] | None = None
         # grpc.aio takes one write at a time per call (a second raises UsageError).
         self.writing = asyncio.Lock()
 
@@ -64,6 +68,19 @@ class EnqueueStream:
         failed before answering, DeadlineExceededError after `timeout` seconds (the
         batch may still be stored then, as after a unary call's deadline)."""
         st = self._stream()
+        assert st.accepted is not None
+        if not st.accepted.done():
+            try:
+                async with asyncio.timeout(timeout):
+                    await asyncio.shield(st.accepted)
+            except TimeoutError:
+                raise DeadlineExceededError(
+                    f"EnqueueStream not accepted within {timeout} s"
+                ) from None
+        if not st.accepted.result():  # refused at open: the reader has its real status
+            await st.ended.wait()
+            assert st.error is not None
+            raise type(st.error)(st.error.message, st.error.code)
         batch_id = next(self._ids)
         fut: asyncio.Future[service_pb2.EnqueueStreamResponse] = (
             asyncio.get_running_loop().create_future()
@@ -98,10 +115,23 @@ class EnqueueStream:
             # No deadline: the stream lives as long as the client; each batch has its own.
             open_stream: Any = self._stub.EnqueueStream  # grpc.aio: the stubs are typed sync
             st = self._open = _Open(open_stream(metadata=self._metadata))
-            reader = asyncio.get_running_loop().create_task(self._read(st))
+            loop = asyncio.get_running_loop()
+            st.accepted = loop.create_task(self._accepted(st))
+            reader = loop.create_task(self._read(st))
             self._readers.add(reader)
             reader.add_done_callback(self._readers.discard)
         return st
+
+    @staticmethod
+    async def _accepted(st: _Open) -> bool:
+        """Whether the server accepted the stream: its `delayq-enqueue-stream` response
+        header came. Writing before it would turn a refusal at open (UNAUTHENTICATED,
+        UNIMPLEMENTED) into grpc.aio's INTERNAL for a failed write (grpc#36066)."""
+        try:
+            headers = await st.call.initial_metadata()
+        except Exception:  # the call failed: the reader has the status
+            return False
+        return any(key == ACCEPTED_KEY for key, _ in headers or ())
 
     async def _read(self, st: _Open) -> None:
         err: DelayqError = UnavailableError("the client closed the EnqueueStream")
@@ -119,6 +149,7 @@ class EnqueueStream:
                 err = UnavailableError(f"EnqueueStream broke: {err.message}")
         finally:
             st.error = err
+            st.ended.set()
             if err.code == grpc.StatusCode.UNIMPLEMENTED:
                 self.unsupported = True
             for fut in st.waiting.values():

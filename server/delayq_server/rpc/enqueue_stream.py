@@ -24,6 +24,8 @@ from delayq_server.rpc.enqueue import EnqueueRpcs, batch_size
 # sends faster than Redis stores is held back by HTTP/2 flow control, not by memory.
 BATCHES_IN_FLIGHT = 8
 
+# The response header that says the stream was accepted (proto: EnqueueStream).
+ACCEPTED_KEY = "delayq-enqueue-stream"
 _PERMISSION_DENIED = 7  # grpc.StatusCode.PERMISSION_DENIED
 _SHUTTING_DOWN = errors.Unavailable(
     "the server is shutting down: send the batches not answered on a new stream"
@@ -51,6 +53,10 @@ class EnqueueStreamRpcs(EnqueueRpcs):
     ) -> AsyncIterator[service_pb2.EnqueueStreamResponse]:
         if self._enqueue_closing:
             await errors.abort(context, _SHUTTING_DOWN)
+        # Accepted: the client writes only after these headers, so a stream refused at
+        # open (credentials, a server without the method) reaches it as its real status
+        # rather than as a failed write (grpc.aio reports those as INTERNAL, grpc#36066).
+        await context.send_initial_metadata(((ACCEPTED_KEY, "1"),))
         answers: asyncio.Queue[service_pb2.EnqueueStreamResponse | None] = asyncio.Queue()
         slots = asyncio.Semaphore(BATCHES_IN_FLIGHT)
         failure: list[BaseException] = []

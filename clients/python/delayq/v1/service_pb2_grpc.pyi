@@ -61,6 +61,9 @@ class DelayQueueServiceStub:
     their callers' jobs (the Python AsyncClient) send them this way. The stream's
     credentials are checked when it opens; each batch's namespaces are checked
     per message. A refused batch is answered with `error` and the stream goes on.
+    The server sends the response header `delayq-enqueue-stream: 1` as soon as it
+    accepts the stream; clients write their first batch after it, so a stream
+    refused at open is seen with its own status.
     Errors (ending the stream): UNAUTHENTICATED, INVALID_ARGUMENT (a message that
     is not an EnqueueStreamRequest), UNAVAILABLE (the server is shutting down).
     """
@@ -156,6 +159,9 @@ class DelayQueueServiceAsyncStub(DelayQueueServiceStub):
     their callers' jobs (the Python AsyncClient) send them this way. The stream's
     credentials are checked when it opens; each batch's namespaces are checked
     per message. A refused batch is answered with `error` and the stream goes on.
+    The server sends the response header `delayq-enqueue-stream: 1` as soon as it
+    accepts the stream; clients write their first batch after it, so a stream
+    refused at open is seen with its own status.
     Errors (ending the stream): UNAUTHENTICATED, INVALID_ARGUMENT (a message that
     is not an EnqueueStreamRequest), UNAVAILABLE (the server is shutting down).
     """
@@ -266,6 +272,9 @@ class DelayQueueServiceServicer(metaclass=_abc_1.ABCMeta):
         their callers' jobs (the Python AsyncClient) send them this way. The stream's
         credentials are checked when it opens; each batch's namespaces are checked
         per message. A refused batch is answered with `error` and the stream goes on.
+        The server sends the response header `delayq-enqueue-stream: 1` as soon as it
+        accepts the stream; clients write their first batch after it, so a stream
+        refused at open is seen with its own status.
         Errors (ending the stream): UNAUTHENTICATED, INVALID_ARGUMENT (a message that
         is not an EnqueueStreamRequest), UNAVAILABLE (the server is shutting down).
         """
