@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,6 +25,7 @@ os.environ.setdefault("GRPC_EXPERIMENTS", "-event_engine_listener")  # as delayq
 
 import grpc
 
+from bench import bare_server
 from bench.harness.profiles import TICK, cpu_ticks
 
 SERVICE = "floor.StreamVsUnary"
@@ -64,19 +64,13 @@ async def _serve(url: str) -> None:
         finally:
             reader.cancel()
 
-    handler = grpc.method_handlers_generic_handler(
+    await bare_server.serve(
         SERVICE,
         {
             "U": grpc.unary_unary_rpc_method_handler(unary),
             "B": grpc.stream_stream_rpc_method_handler(stream),
         },
     )
-    server = grpc.aio.server()
-    server.add_generic_rpc_handlers((handler,))
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    print(port, flush=True)
-    await server.wait_for_termination()
 
 
 async def _drive(port: int, pid: int, mode: str, seconds: float, in_flight: int) -> str:
@@ -146,15 +140,9 @@ def main() -> None:
         for _ in range(a.rounds):
             for mode in ("U", "B"):
                 args = [sys.executable, "-m", "bench.stream_vs_unary", "--serve", rds.url]
-                proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
-                try:
-                    assert proc.stdout is not None
-                    port = int(proc.stdout.readline())
-                    line = uvloop.run(_drive(port, proc.pid, mode, a.seconds, a.in_flight))
-                    print(line, flush=True)
-                finally:
-                    proc.kill()
-                    proc.wait()
+                with bare_server.spawned(args) as (port, pid):
+                    line = uvloop.run(_drive(port, pid, mode, a.seconds, a.in_flight))
+                print(line, flush=True)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,6 +28,7 @@ from pathlib import Path
 
 import grpc
 
+from bench import bare_server
 from bench.harness.profiles import TICK, cpu_ticks
 
 # A script with claim.lua's shape on the wire: 8 keys, 8 arguments, a reply of
@@ -74,19 +74,13 @@ async def _serve(url: str, rates: Rates) -> None:
         await rds.evalsha(sha, 8, *keys, 16, *args)
         return b"ok"
 
-    handler = grpc.method_handlers_generic_handler(
+    await bare_server.serve(
         SERVICE,
         {
             "Stream": grpc.unary_stream_rpc_method_handler(stream),
             "Ack": grpc.unary_unary_rpc_method_handler(ack),
         },
     )
-    server = grpc.aio.server()
-    server.add_generic_rpc_handlers((handler,))
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    print(port, flush=True)
-    await server.wait_for_termination()
 
 
 async def _drive(port: int, pid: int, rates: Rates, seconds: float) -> float:
@@ -127,14 +121,8 @@ def floor(redis_url: str, rates: Rates, seconds: float = 10.0) -> float:
         "--acks", str(rates.acks), "--message-bytes", str(rates.message_bytes),
         "--ack-bytes", str(rates.ack_bytes), "--reply-bytes", str(rates.reply_bytes),
     ]  # fmt: skip
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        port = int(proc.stdout.readline())
-        return asyncio.run(_drive(port, proc.pid, rates, seconds))
-    finally:
-        proc.kill()
-        proc.wait()
+    with bare_server.spawned(args) as (port, pid):
+        return asyncio.run(_drive(port, pid, rates, seconds))
 
 
 def main() -> None:

@@ -125,10 +125,7 @@ class AsyncClient:
         timeout: float | None,
         retry_deadline: float | None = None,
     ) -> _Resp:
-        started = time.monotonic()
-        budget = self._retry_deadline if retry_deadline is None else retry_deadline
-        attempt = 0
-        while True:
+        async def once() -> _Resp:
             try:
                 return await method(
                     request,
@@ -136,14 +133,33 @@ class AsyncClient:
                     metadata=self._metadata,
                 )
             except grpc.RpcError as exc:
-                err = from_rpc_error(exc)
+                raise from_rpc_error(exc) from None
+
+        return await self._retrying(once, idempotent=idempotent, retry_deadline=retry_deadline)
+
+    async def _retrying(
+        self,
+        once: Callable[[], Awaitable[_Resp]],
+        *,
+        idempotent: bool,
+        retry_deadline: float | None = None,
+    ) -> _Resp:
+        """`once()` again after a RETRYABLE DelayqError, with backoff, while a repeat is
+        safe (`idempotent`) and the retry budget lasts: unary calls and stream batches."""
+        started = time.monotonic()
+        budget = self._retry_deadline if retry_deadline is None else retry_deadline
+        attempt = 0
+        while True:
+            try:
+                return await once()
+            except DelayqError as err:
                 wait = self._backoff.delay(attempt)
                 if (
                     not idempotent
                     or err.code not in RETRYABLE
                     or time.monotonic() - started + wait > budget
                 ):
-                    raise err from None
+                    raise
             await asyncio.sleep(wait)
             attempt += 1
 
@@ -232,27 +248,17 @@ class AsyncClient:
         """One batch on the stream, re-sent on a new stream after UNAVAILABLE when
         every job has an idempotency key (as `_call` retries a unary call). None when
         the server does not serve EnqueueStream: nothing was stored, use calls."""
-        started = time.monotonic()
-        attempt = 0
-        while True:
-            try:
-                resp = await stream.send(requests, timeout)
-            except DelayqError as err:
-                if stream.unsupported:
-                    return None
-                wait = self._backoff.delay(attempt)
-                if (
-                    not idempotent
-                    or err.code not in RETRYABLE
-                    or time.monotonic() - started + wait > self._retry_deadline
-                ):
-                    raise
-                await asyncio.sleep(wait)
-                attempt += 1
-                continue
-            if resp.HasField("error"):  # the whole batch refused, nothing stored
-                raise from_status(resp.error.code, resp.error.message)
-            return batch_outcomes(resp, len(requests))
+        try:
+            resp = await self._retrying(
+                lambda: stream.send(requests, timeout), idempotent=idempotent
+            )
+        except DelayqError:
+            if stream.unsupported:  # UNIMPLEMENTED is never retried
+                return None
+            raise
+        if resp.HasField("error"):  # the whole batch refused, nothing stored
+            raise from_status(resp.error.code, resp.error.message)
+        return batch_outcomes(resp, len(requests))
 
     async def enqueue_many(
         self,

@@ -206,9 +206,9 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
             p.allows(ns) for ns in _lease_namespaces(request)
         ):
             raise Denied(grpc.StatusCode.NOT_FOUND, LEASE_NOT_FOUND)
-        for ns in wanted:
-            if not p.allows(ns):
-                raise Denied(grpc.StatusCode.PERMISSION_DENIED, pr.namespace_refusal(p, ns))
+        refusal = pr.namespace_refusal(p, wanted)
+        if refusal is not None:
+            raise Denied(grpc.StatusCode.PERMISSION_DENIED, refusal)
 
     @staticmethod
     async def _per_token(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextvars
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 PRODUCE = "produce"
@@ -45,6 +46,12 @@ def set_current(p: Principal) -> None:
     _current.set(p)
 
 
-def namespace_refusal(p: Principal, namespace: str) -> str:
-    """The PERMISSION_DENIED text for a namespace `p` does not cover."""
-    return f"namespace: {p.name} is bound to namespace {p.namespace!r}, not {namespace[:80]!r}"
+def namespace_refusal(p: Principal, namespaces: Iterable[str]) -> str | None:
+    """The PERMISSION_DENIED text for the first namespace `p` does not cover, else None.
+    Used by the interceptor (a request's namespaces) and per EnqueueStream message."""
+    if p.namespace == ALL_NAMESPACES:
+        return None
+    for ns in namespaces:
+        if not p.allows(ns):
+            return f"namespace: {p.name} is bound to namespace {p.namespace!r}, not {ns[:80]!r}"
+    return None

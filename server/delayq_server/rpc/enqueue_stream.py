@@ -14,6 +14,8 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
+import grpc
+
 from delayq.v1 import service_pb2
 from delayq_server import errors
 from delayq_server.auth import principal
@@ -26,7 +28,7 @@ BATCHES_IN_FLIGHT = 8
 
 # The response header that says the stream was accepted (proto: EnqueueStream).
 ACCEPTED_KEY = "delayq-enqueue-stream"
-_PERMISSION_DENIED = 7  # grpc.StatusCode.PERMISSION_DENIED
+_PERMISSION_DENIED = grpc.StatusCode.PERMISSION_DENIED.value[0]
 _SHUTTING_DOWN = errors.Unavailable(
     "the server is shutting down: send the batches not answered on a new stream"
 )
@@ -113,16 +115,15 @@ class EnqueueStreamRpcs(EnqueueRpcs):
         would have failed with (nothing stored)."""
         try:
             batch_size(len(request.requests))
-            p = principal.current()  # set when the stream opened (auth/interceptor.py)
-            for job in () if p.namespace == principal.ALL_NAMESPACES else request.requests:
-                ns = job.namespace or "default"
-                if not p.allows(ns):
-                    return service_pb2.EnqueueStreamResponse(
-                        batch_id=request.batch_id,
-                        error=service_pb2.BatchError(
-                            code=_PERMISSION_DENIED, message=principal.namespace_refusal(p, ns)
-                        ),
-                    )
+            # The principal is set when the stream opened (auth/interceptor.py).
+            refusal = principal.namespace_refusal(
+                principal.current(), (job.namespace or "default" for job in request.requests)
+            )
+            if refusal is not None:
+                return service_pb2.EnqueueStreamResponse(
+                    batch_id=request.batch_id,
+                    error=service_pb2.BatchError(code=_PERMISSION_DENIED, message=refusal),
+                )
             results = await self._batch_results(request.requests, context, trace=False)
         except Exception as exc:
             code, message = errors.to_status(exc)
