@@ -64,6 +64,7 @@ async def test_every_script_runs_on_the_cluster(cluster_store: tuple[Store, set[
         later = await shard.scheduled(10_000)
         assert (await store.backlog_due(k, now)).within_minute >= 1  # ours, the retried one
         assert (await store.delete(k, later))[0] > 0
+        assert (await store.shard_stats(k)).leased == 0  # one instant (lua/stats.lua)
         assert await store.own([k], "replica-a", 3000) == [True]
         assert await store.own([k], "replica-b", 3000) == [False]
         # Queue administration (issue 14).

@@ -4,6 +4,7 @@ with when to retry (message and `retry-after-ms` trailer)."""
 from __future__ import annotations
 
 import itertools
+import queue
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -128,21 +129,42 @@ def test_consume_streams_per_namespace(limited: Stub, ns: str) -> None:
 def test_max_concurrent_rpcs(limited: Stub, ns: str) -> None:
     """Open streams count: with 3 in flight the next RPC is refused by gRPC itself."""
     calls = []
+    opened: queue.Queue[str] = queue.Queue()
     for i in range(3):
+        # A job waits in each stream's namespace, so a delivery tells that the
+        # stream is open and holds its slot (a blocking stub starts a
+        # server-streaming call only when it is first read).
+        assert _enqueue(limited, f"{ns}-{i}") is None
         req = service_pb2.ConsumeRequest(namespace=f"{ns}-{i}", queues=["q"], max_outstanding=1)
-        calls.append(limited.Consume(req))
-    ready = threading.Event()
+        call = limited.Consume(req)
+        calls.append(call)
+        threading.Thread(target=_read, args=(call, opened), daemon=True).start()
+    for _ in range(3):
+        assert opened.get(timeout=20) == "delivery"
+    # Probes in namespaces of their own: the quotas' refusals are
+    # RESOURCE_EXHAUSTED too (before, the enqueue-rate quota's refusal passed
+    # for the limit's, and a loaded CI run filled one namespace's job quota).
+    probes = itertools.count()
 
-    def refused() -> bool:
-        err = _enqueue(limited, ns + "-x")
-        if err is not None and err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
-            ready.set()
-        return ready.is_set()
+    def probe() -> grpc.RpcError | None:
+        return _enqueue(limited, f"{ns}-x{next(probes)}")
 
-    wait_until(refused, timeout=20, interval=0.05)
+    err = probe()
+    assert err is not None and err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert err.details() == "Concurrent RPC limit exceeded!"
     for c in calls:
         c.cancel()  # type: ignore[no-untyped-call]
-    wait_until(lambda: _enqueue(limited, ns + "-x") is None, timeout=20, interval=0.05)
+    wait_until(lambda: probe() is None, timeout=20, interval=0.05)
+
+
+def _read(call: Iterator[service_pb2.ConsumeResponse], opened: queue.Queue[str]) -> None:
+    """Reads a stream until it ends; tells ``opened`` of its first delivery."""
+    try:
+        for resp in call:
+            if resp.deliveries:
+                opened.put("delivery")
+    except grpc.RpcError as err:
+        opened.put(f"ended {err.code()}")
 
 
 def test_max_message_size(limited: Stub, ns: str) -> None:

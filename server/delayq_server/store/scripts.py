@@ -29,6 +29,7 @@ NAMES = (
     "release",
     "reschedule",
     "retain",
+    "stats",
     "update_job",
 )
 
@@ -54,7 +55,7 @@ SELF_GUARDED = frozenset({"claim", "enqueue"})
 NOT_REPLAYED = frozenset({"promote", "expire"})
 # Not replayed either: reads, and liveness scripts whose re-run sets the same
 # lease or heartbeat again (own.lua, replicas.lua: ARGV[1] is no shard prefix).
-NOT_REPLAYED |= {"read", "own", "replicas", "backlog"}
+NOT_REPLAYED |= {"read", "own", "replicas", "backlog", "stats"}
 # retain (the janitor's dead-letter retention) deletes only what is still over
 # its bounds, so a re-run is harmless like expire.
 NOT_REPLAYED |= {"retain"}

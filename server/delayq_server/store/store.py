@@ -707,44 +707,27 @@ class Store:
         return [bool(counts[i] or counts[i + 1]) for i in range(0, len(counts), 2)]
 
     async def shard_stats(self, keys: ShardKeys) -> ShardStats:
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hgetall(keys.stats)
-            pipe.llen(keys.ready)
-            pipe.zcard(keys.leased)
-            pipe.zcard(keys.dead)
-            pipe.zcard(keys.done)
-            pipe.lindex(keys.ready, -1)
-            pipe.zrange(keys.index, 0, 0)
-            (
-                counters_raw,
-                ready,
-                leased,
-                dead,
-                done,
-                oldest,
-                head,
-            ) = await pipe.execute()
-        now_ms = await self.time_ms()  # cluster pipelines cannot carry keyless TIME
-        next_due = None
-        if head:  # the head bucket's first job (index scores are bucket starts)
-            first = await self.redis.zrange(keys.bucket(_s(head[0])), 0, 0, withscores=True)
-            next_due = int(first[0][1]) if first else None
-        counters = {_s(k): int(v) for k, v in counters_raw.items()}
-        oldest_due = None
-        if oldest is not None:
-            raw = await self.redis.hget(keys.record_group(_s(oldest)), _s(oldest))
-            if raw is not None:
-                oldest_due = records.decode(cast(bytes, raw)).due_ms
+        """The shard's counts read by one script, so they describe one instant
+        (lua/stats.lua): a job moving between backlog, ready and lease is
+        counted exactly once."""
+        now, counters_raw, ready, leased, dead, done, oldest, head = await self._run(
+            "stats",
+            [keys.stats, keys.ready, keys.leased, keys.dead, keys.done, keys.index],
+            [keys.prefix],
+        )
+        counters = {
+            _s(k): int(v) for k, v in zip(counters_raw[::2], counters_raw[1::2], strict=True)
+        }
         return ShardStats(
             scheduled=max(0, counters.get("backlog", 0)),
             ready=int(ready),
             leased=int(leased),
             dead=int(dead),
             completed=int(done),
-            oldest_ready_due_ms=oldest_due,
-            next_due_ms=next_due,
+            oldest_ready_due_ms=None if int(oldest) < 0 else int(oldest),
+            next_due_ms=None if int(head) < 0 else int(head),
             counters=counters,
-            now_ms=now_ms,
+            now_ms=int(now),
         )
 
     async def backlog_due(self, keys: ShardKeys, now_ms: int | None = None) -> BacklogDue:
