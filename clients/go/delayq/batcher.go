@@ -4,7 +4,8 @@ package delayq
 // in docs/decisions.md): a call made while no batch call is in flight goes
 // out at once, so a lone caller is never delayed; calls made while one is in
 // flight gather until it returns, MaxDelay passes, or MaxItems jobs or
-// MaxBytes bytes wait, and then travel as one EnqueueBatch.
+// MaxBytes bytes wait, and then travel together: as one message on an
+// EnqueueStream (enqueue_stream.go), or as one EnqueueBatch call.
 
 import (
 	"context"
@@ -26,6 +27,10 @@ import (
 type BatchSettings struct {
 	// Disabled sends one Enqueue RPC per call.
 	Disabled bool
+	// UnaryCalls sends one EnqueueBatch call per batch instead of a message
+	// on one long-lived EnqueueStream (the default), for load balancers that
+	// spread calls one by one over replicas: a stream stays on one.
+	UnaryCalls bool
 	// MaxDelay is the longest a call waits for company while another batch
 	// call is in flight.
 	MaxDelay time.Duration
@@ -67,6 +72,7 @@ type batchItem struct {
 type batcher struct {
 	rpc      delayqv1.DelayQueueServiceClient
 	settings BatchSettings
+	stream   enqueueStream
 
 	mu       sync.Mutex
 	pending  []*batchItem
@@ -78,7 +84,7 @@ type batcher struct {
 }
 
 func newBatcher(rpc delayqv1.DelayQueueServiceClient, s BatchSettings) *batcher {
-	return &batcher{rpc: rpc, settings: s.withDefaults()}
+	return &batcher{rpc: rpc, settings: s.withDefaults(), stream: enqueueStream{rpc: rpc}}
 }
 
 // enqueue sends req with others, or alone when the caller's context carries
@@ -172,34 +178,49 @@ func callContext(items []*batchItem) (context.Context, context.CancelFunc) {
 	return context.WithDeadline(context.Background(), latest)
 }
 
-// send makes one Enqueue for a lone job, else one EnqueueBatch, and answers
-// per job: a per-item BatchError becomes that caller's status error, an
-// RPC-level error fails every job of the call.
+// send stores the batch as one message on the EnqueueStream, or (calls, or a
+// server without the stream) one Enqueue for a lone job, else one
+// EnqueueBatch, and answers per job: a per-item BatchError becomes that
+// caller's status error, an error of the call, stream or whole batch fails
+// every job of it.
 func (b *batcher) send(ctx context.Context, items []*batchItem) []outcome {
-	outs := make([]outcome, len(items))
-	if len(items) == 1 {
-		resp, err := b.rpc.Enqueue(ctx, items[0].req)
-		outs[0] = outcome{resp, err}
-		return outs
-	}
 	reqs := make([]*delayqv1.EnqueueRequest, len(items))
 	for i, it := range items {
 		reqs[i] = it.req
 	}
+	if !b.settings.UnaryCalls && !b.stream.unsupported.Load() {
+		resp, err := b.stream.send(ctx, reqs)
+		if !errors.Is(err, errStreamUnsupported) {
+			if e := resp.GetError(); err == nil && e != nil {
+				err = status.Error(codes.Code(e.GetCode()), e.GetMessage())
+			}
+			return answers(items, resp.GetResults(), err, "EnqueueStream")
+		}
+	}
+	if len(items) == 1 {
+		resp, err := b.rpc.Enqueue(ctx, items[0].req)
+		return []outcome{{resp, err}}
+	}
 	resp, err := b.rpc.EnqueueBatch(ctx, &delayqv1.EnqueueBatchRequest{Requests: reqs})
-	if err == nil && len(resp.GetResults()) != len(items) {
+	return answers(items, resp.GetResults(), err, "EnqueueBatch")
+}
+
+// answers gives each job its own result, or every job the error.
+func answers(items []*batchItem, results []*delayqv1.EnqueueBatchResult, err error, method string) []outcome {
+	outs := make([]outcome, len(items))
+	if err == nil && len(results) != len(items) {
 		err = status.Error(codes.Internal, fmt.Sprintf(
-			"EnqueueBatch answered %d results for %d jobs", len(resp.GetResults()), len(items)))
+			"%s answered %d results for %d jobs", method, len(results), len(items)))
 	}
 	for i := range items {
 		switch {
 		case err != nil:
 			outs[i] = outcome{err: err}
-		case resp.Results[i].GetError() != nil:
-			e := resp.Results[i].GetError()
+		case results[i].GetError() != nil:
+			e := results[i].GetError()
 			outs[i] = outcome{err: status.Error(codes.Code(e.GetCode()), e.GetMessage())}
 		default:
-			outs[i] = outcome{resp: resp.Results[i].GetResponse()}
+			outs[i] = outcome{resp: results[i].GetResponse()}
 		}
 	}
 	return outs
@@ -212,4 +233,5 @@ func (b *batcher) close() {
 	b.flushLocked()
 	b.mu.Unlock()
 	b.wg.Wait()
+	b.stream.close()
 }

@@ -65,6 +65,12 @@ func (f *fakeRPC) EnqueueBatch(_ context.Context, req *delayqv1.EnqueueBatchRequ
 	return resp, nil
 }
 
+// EnqueueStream: the fake is a server from before the stream, so the batcher
+// falls back to the calls these tests count.
+func (f *fakeRPC) EnqueueStream(context.Context, ...grpc.CallOption) (grpc.BidiStreamingClient[delayqv1.EnqueueStreamRequest, delayqv1.EnqueueStreamResponse], error) {
+	return nil, status.Error(codes.Unimplemented, "unknown method EnqueueStream")
+}
+
 func (f *fakeRPC) jobsPerCall() []int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
