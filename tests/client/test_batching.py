@@ -171,7 +171,7 @@ def test_sync_client_batches_calls_from_many_threads(target: str) -> None:
     channel = grpc.intercept_channel(
         grpc.insecure_channel(target, options=channel_options()), counter
     )
-    client = Client(channel=channel, batching=Batching(max_delay=0.05))
+    client = Client(channel=channel, batching=Batching(max_delay=0.05, stream=False))
     start = threading.Barrier(32)
 
     def one(i: int) -> Outcome:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from delayq import AsyncClient, Delivery, Worker
+from delayq import AsyncClient, Batching, Client, Delivery, Worker
 from delayq.errors import UnauthenticatedError
 from tests.support.auth import AuthServer
 
@@ -50,3 +51,24 @@ async def test_a_stream_refused_at_open_reports_its_own_status(auth_srv: AuthSer
             assert all(isinstance(o, UnauthenticatedError) for o in outcomes), {
                 type(o).__name__ for o in outcomes
             }
+
+
+def test_a_blocking_client_stream_refused_at_open_reports_its_own_status(
+    auth_srv: AuthServer,
+) -> None:
+    """The blocking Client's EnqueueStream (batching on) refused at open: every caller
+    gets UNAUTHENTICATED (not UNAVAILABLE or INTERNAL), round after round."""
+    with Client(auth_srv.address, namespace="refused-open-sync", batching=Batching()) as anon:
+        for _ in range(20):  # each round opens a new stream, refused again
+            with ThreadPoolExecutor(20) as pool:
+                outcomes = list(pool.map(lambda i: _outcome(anon, i), range(40)))
+            assert all(isinstance(o, UnauthenticatedError) for o in outcomes), {
+                type(o).__name__ for o in outcomes
+            }
+
+
+def _outcome(client: Client, i: int) -> object:
+    try:
+        return client.enqueue("jobs", i)
+    except Exception as exc:
+        return exc

@@ -53,11 +53,10 @@ class Batching:
     #: machine and -21% when its cores were busy (docs/decisions.md, issue 12).
     #: The blocking client's ThreadBatcher does not use it.
     split_items: int = 25
-    #: The asyncio client sends its batches as messages on one long-lived EnqueueStream
-    #: (about half the cost of a unary call on each side; unary calls again when the
-    #: server lacks it). False: one EnqueueBatch (or Enqueue) call per batch, which a
-    #: load balancer spreads over server replicas call by call. The blocking client
-    #: always makes calls.
+    #: Batches go as messages on one long-lived EnqueueStream (about half the cost of a
+    #: unary call on each side; unary calls again when the server lacks it). False: one
+    #: EnqueueBatch (or Enqueue) call per batch, which a load balancer spreads over
+    #: server replicas call by call.
     stream: bool = True
 
     def __post_init__(self) -> None:

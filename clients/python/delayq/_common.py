@@ -104,6 +104,16 @@ def batch_outcomes(
     ]
 
 
+def stream_outcomes(
+    response: service_pb2.EnqueueStreamResponse, count: int
+) -> list[EnqueueResult | DelayqError]:
+    """One EnqueueStream answer -> its outcomes; raises the whole batch's refusal (its
+    `error`: nothing of the batch was stored)."""
+    if response.HasField("error"):
+        raise from_status(response.error.code, response.error.message)
+    return batch_outcomes(response, count)
+
+
 def finish_batch(
     results: list[EnqueueResult | None], errors: dict[int, DelayqError]
 ) -> list[EnqueueResult]:

@@ -33,11 +33,12 @@ from delayq._common import (
     chunk_requests,
     collect_batch,
     finish_batch,
+    stream_outcomes,
 )
 from delayq._convert import DurationLike
 from delayq._enqueue_stream import EnqueueStream
 from delayq._trace import current_context
-from delayq.errors import DeadlineExceededError, DelayqError, from_rpc_error, from_status
+from delayq.errors import DeadlineExceededError, DelayqError, from_rpc_error
 from delayq.models import Delivery, EnqueueResult, Job, JobState, QueueStats, RetryPolicy
 from delayq.serializers import JsonSerializer, Serializer
 from delayq.v1 import service_pb2, service_pb2_grpc
@@ -256,9 +257,7 @@ class AsyncClient:
             if stream.unsupported:  # UNIMPLEMENTED is never retried
                 return None
             raise
-        if resp.HasField("error"):  # the whole batch refused, nothing stored
-            raise from_status(resp.error.code, resp.error.message)
-        return batch_outcomes(resp, len(requests))
+        return stream_outcomes(resp, len(requests))
 
     async def enqueue_many(
         self,

@@ -28,8 +28,10 @@ from delayq._common import (
     chunk_requests,
     collect_batch,
     finish_batch,
+    stream_outcomes,
 )
 from delayq._convert import DurationLike
+from delayq._enqueue_stream_sync import ThreadEnqueueStream
 from delayq.errors import DeadlineExceededError, DelayqError, from_rpc_error
 from delayq.models import Delivery, EnqueueResult, Job, JobState, QueueStats, RetryPolicy
 from delayq.serializers import JsonSerializer, Serializer
@@ -92,6 +94,11 @@ class Client:
         self._stub = service_pb2_grpc.DelayQueueServiceStub(channel)
         settings = resolve(batching, default=False)
         self._batcher = None if settings is None else ThreadBatcher(self._send_enqueues, settings)
+        self._stream = (
+            ThreadEnqueueStream(self._stub, self._metadata)
+            if settings is not None and settings.stream
+            else None
+        )
 
     def __enter__(self) -> Client:
         return self
@@ -103,6 +110,8 @@ class Client:
         """Send the enqueues still gathering, then close the channel (when the client made it)."""
         if self._batcher is not None:
             self._batcher.close()
+        if self._stream is not None:
+            self._stream.close()
         if self._own_channel:
             self._channel.close()
 
@@ -114,9 +123,7 @@ class Client:
         idempotent: bool,
         timeout: float | None,
     ) -> _Resp:
-        started = time.monotonic()
-        attempt = 0
-        while True:
+        def once() -> _Resp:
             try:
                 return method(
                     request,
@@ -124,14 +131,26 @@ class Client:
                     metadata=self._metadata,
                 )
             except grpc.RpcError as exc:
-                err = from_rpc_error(exc)
+                raise from_rpc_error(exc) from None
+
+        return self._retrying(once, idempotent=idempotent)
+
+    def _retrying(self, once: Callable[[], _Resp], *, idempotent: bool) -> _Resp:
+        """`once()` again after a RETRYABLE DelayqError, with backoff, while a repeat is
+        safe (`idempotent`) and the retry budget lasts: unary calls and stream batches."""
+        started = time.monotonic()
+        attempt = 0
+        while True:
+            try:
+                return once()
+            except DelayqError as err:
                 wait = self._backoff.delay(attempt)
                 if (
                     not idempotent
                     or err.code not in RETRYABLE
                     or time.monotonic() - started + wait > self._retry_deadline
                 ):
-                    raise err from None
+                    raise
             time.sleep(wait)
             attempt += 1
 
@@ -184,8 +203,13 @@ class Client:
     def _send_enqueues(
         self, requests: list[service_pb2.EnqueueRequest], timeout: float
     ) -> list[Outcome]:
-        """The batcher's sender: one Enqueue for a lone job, else one EnqueueBatch."""
+        """The batcher's sender: a message on the EnqueueStream, or (stream off or
+        not served) one Enqueue for a lone job, else one EnqueueBatch."""
         idempotent = all_idempotent(requests)
+        if self._stream is not None and not self._stream.unsupported:
+            outcomes = self._send_on_stream(self._stream, requests, timeout, idempotent)
+            if outcomes is not None:
+                return outcomes
         if len(requests) == 1:
             try:
                 resp = self._call(
@@ -201,6 +225,24 @@ class Client:
             timeout=timeout,
         )
         return batch_outcomes(batch, len(requests))
+
+    def _send_on_stream(
+        self,
+        stream: ThreadEnqueueStream,
+        requests: list[service_pb2.EnqueueRequest],
+        timeout: float,
+        idempotent: bool,
+    ) -> list[Outcome] | None:
+        """One batch on the stream, re-sent on a new stream after UNAVAILABLE when
+        every job has an idempotency key (as `_call` retries a unary call). None when
+        the server does not serve EnqueueStream: nothing was stored, use calls."""
+        try:
+            resp = self._retrying(lambda: stream.send(requests, timeout), idempotent=idempotent)
+        except DelayqError:
+            if stream.unsupported:  # UNIMPLEMENTED is never retried
+                return None
+            raise
+        return stream_outcomes(resp, len(requests))
 
     def enqueue_many(
         self,
