@@ -11,3 +11,4 @@ if (!address || !queue || payload === undefined || !headersJson) {
 const client = new DelayQClient({ address });
 const res = await client.enqueue(queue, payload, { delayMs: 100, headers: JSON.parse(headersJson) });
 console.log(JSON.stringify({ jobId: res.jobId }));
+await client.close(); // sends what is gathering and closes the EnqueueStream: the process exits at once

@@ -22,8 +22,10 @@ export interface ClientOptions {
   /** A transport of your own (TLS, interceptors); `address` is then ignored. */
   transport?: Transport;
   /**
-   * Batching of concurrent enqueue() calls into EnqueueBatch calls: on by default (a call made
-   * while no batch call is in flight still goes out at once); `false` sends one Enqueue per call.
+   * Batching of concurrent enqueue() calls: on by default (a call made while no batch is in
+   * flight still goes out at once). Batches travel as messages on one EnqueueStream, or as
+   * EnqueueBatch calls with `{ unaryCalls: true }` (see {@link BatchOptions}); `false` sends
+   * one Enqueue per call.
    */
   batching?: BatchOptions | boolean;
 }
@@ -69,7 +71,10 @@ export class DelayQClient {
     this.batcher = batching === false ? undefined : new Batcher(this.service, batching === true ? {} : batching);
   }
 
-  /** Sends the enqueues still gathering and waits for their answers. */
+  /**
+   * Sends the enqueues still gathering, waits for their answers and closes the EnqueueStream.
+   * Without it an open stream keeps the process alive until it has been idle for a second.
+   */
   close(): Promise<void> {
     return this.batcher?.close() ?? Promise.resolve();
   }
@@ -97,8 +102,9 @@ export class DelayQClient {
 
   /**
    * Stores one job; resolves to the server's answer (jobId, dueTime, duplicate). With batching
-   * (the default) it may travel in one EnqueueBatch with concurrent calls; a refusal of this job
-   * still rejects this call alone, with its own ConnectError.
+   * (the default) it may travel in one batch with concurrent calls (an EnqueueStream message or
+   * an EnqueueBatch call); a refusal of this job still rejects this call alone, with its own
+   * ConnectError.
    */
   enqueue(queue: string, payload: Uint8Array | string, options: EnqueueOptions = {}): Promise<EnqueueResponse> {
     const req = this.enqueueRequest(queue, payload, options);

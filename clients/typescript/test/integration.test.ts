@@ -1,19 +1,23 @@
 /** Integration tests against a real delayq server (make test-ts starts one). */
 import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
-import { test } from "node:test";
+import http2 from "node:http2";
+import type { AddressInfo } from "node:net";
+import { after, test } from "node:test";
 
 import { ConnectError, Code } from "@connectrpc/connect";
-import { createGrpcTransport } from "@connectrpc/connect-node";
+import { connectNodeAdapter, createGrpcTransport } from "@connectrpc/connect-node";
 import { isMessage } from "@bufbuild/protobuf";
 import { timestampMs } from "@bufbuild/protobuf/wkt";
 
 import {
   AckRequestSchema,
   DelayQClient,
+  DelayQueueService,
   JobState,
   ReleaseResult,
   retryAfter,
+  type BatchOptions,
   type Delivery,
   type WorkOptions,
 } from "../src/index.js";
@@ -23,6 +27,7 @@ if (address === undefined || address === "") {
   throw new Error("DELAYQ_ADDR is not set: run these tests through scripts/with_server.py (make test-ts)");
 }
 const client = new DelayQClient({ address });
+after(() => client.close()); // its EnqueueStream would keep the process up for a second
 
 function queueName(): string {
   return `ts-${randomUUID().slice(0, 8)}`;
@@ -220,21 +225,38 @@ test("release gives a delivery back uncounted; a handler running at shutdown sti
   await eventually(() => isSettled(queue, jobId), 5_000, "job acked");
 });
 
-test("concurrent enqueues travel in few RPCs and each caller gets its own answer", async () => {
-  let rpcs = 0;
+/** A client whose transport counts unary calls, streams opened and stream messages sent. */
+function rpcCountingClient(batching: BatchOptions = {}, to: string = address!) {
+  const counts = { unary: 0, streams: 0, messages: 0 };
   const transport = createGrpcTransport({
-    baseUrl: `http://${address}`,
+    baseUrl: `http://${to}`,
     interceptors: [
       (next) => (req) => {
-        rpcs++;
-        return next(req);
+        if (!req.stream) {
+          counts.unary++;
+          return next(req);
+        }
+        counts.streams++;
+        const messages = req.message;
+        return next({
+          ...req,
+          message: (async function* () {
+            for await (const m of messages) {
+              counts.messages++;
+              yield m;
+            }
+          })(),
+        });
       },
     ],
   });
-  const counted = new DelayQClient({ address: address, transport });
-  const queue = queueName();
+  return { counted: new DelayQClient({ address: to, transport, batching }), counts };
+}
+
+/** 200 concurrent enqueues, 4 of them to a bad queue name; checks each caller's answer. */
+async function enqueue200(counted: DelayQClient, queue: string): Promise<void> {
   const outcomes = await Promise.allSettled(
-    Array.from({ length: 200 }, (_, i) => counted.enqueue(i % 50 === 7 ? "bad{name}" : queue, `job ${i}`)),
+    Array.from({ length: 200 }, (_, i) => counted.enqueue(i % 50 === 7 ? "bad:name" : queue, `job ${i}`)),
   );
   await counted.close();
   const refused = outcomes.flatMap((o, i) => (o.status === "rejected" ? [i] : []));
@@ -245,9 +267,65 @@ test("concurrent enqueues travel in few RPCs and each caller gets its own answer
   }
   const ids = new Set(outcomes.flatMap((o) => (o.status === "fulfilled" ? [o.value.jobId] : [])));
   assert.equal(ids.size, 196);
-  assert.ok(rpcs <= 2, `200 concurrent enqueues made ${rpcs} RPCs`);
+  assert.ok(!ids.has(""));
   const stats = await client.service.getQueueStats({ queue });
   assert.equal(stats.stats?.enqueuedTotal, 196n);
+}
+
+test("concurrent enqueues travel as few messages on one EnqueueStream, no unary call", async () => {
+  const { counted, counts } = rpcCountingClient();
+  await enqueue200(counted, queueName());
+  assert.equal(counts.streams, 1);
+  assert.equal(counts.unary, 0);
+  assert.ok(counts.messages >= 1 && counts.messages <= 50, `200 concurrent enqueues made ${counts.messages} messages`);
+});
+
+test("with unaryCalls, concurrent enqueues travel in few EnqueueBatch calls and no stream", async () => {
+  const { counted, counts } = rpcCountingClient({ unaryCalls: true });
+  await enqueue200(counted, queueName());
+  assert.equal(counts.streams, 0);
+  assert.ok(counts.unary >= 1 && counts.unary <= 2, `200 concurrent enqueues made ${counts.unary} RPCs`);
+});
+
+test("against a server without EnqueueStream the batcher stores every job once through calls", async () => {
+  // A Connect server forwarding Enqueue and EnqueueBatch to the real one: any other method
+  // is UNIMPLEMENTED, as on a server from before EnqueueStream.
+  const forwarded = { enqueue: 0, enqueueBatch: 0 };
+  const server = http2.createServer(
+    connectNodeAdapter({
+      routes: (router) =>
+        router.service(DelayQueueService, {
+          enqueue: (req) => {
+            forwarded.enqueue++;
+            return client.service.enqueue(req);
+          },
+          enqueueBatch: (req) => {
+            forwarded.enqueueBatch++;
+            return client.service.enqueueBatch(req);
+          },
+        }),
+    }),
+  );
+  const sessions = new Set<http2.ServerHttp2Session>();
+  server.on("session", (s) => sessions.add(s));
+  await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
+  try {
+    const { port } = server.address() as AddressInfo;
+    const { counted, counts } = rpcCountingClient({}, `127.0.0.1:${port}`);
+    const queue = queueName();
+    const first = await Promise.all(Array.from({ length: 30 }, (_, i) => counted.enqueue(queue, `a${i}`)));
+    const second = await Promise.all(Array.from({ length: 30 }, (_, i) => counted.enqueue(queue, `b${i}`)));
+    await counted.close();
+    assert.equal(new Set([...first, ...second].map((r) => r.jobId)).size, 60);
+    assert.equal(counts.streams, 1); // tried once, then calls for good
+    assert.ok(forwarded.enqueueBatch >= 2, `${forwarded.enqueueBatch} EnqueueBatch calls forwarded`);
+    const stats = await client.service.getQueueStats({ queue });
+    assert.equal(stats.stats?.enqueuedTotal, 60n);
+  } finally {
+    const closed = new Promise<void>((r) => server.close(() => r()));
+    for (const s of sessions) s.close(); // the client's idle connection would hold close()
+    await closed;
+  }
 });
 
 test("acks of deliveries finished together go in one Ack call", async () => {
