@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
@@ -23,6 +23,7 @@ from tests.support.servers import free_port
 
 ENQUEUE = "/delayq.v1.DelayQueueService/Enqueue"
 BATCH = "/delayq.v1.DelayQueueService/EnqueueBatch"
+STREAM = "/delayq.v1.DelayQueueService/EnqueueStream"
 
 
 class AioCounter(aio.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]
@@ -39,19 +40,36 @@ class AioCounter(aio.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]
         return await continuation(details, request)
 
 
-class SyncCounter(grpc.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]
-    """Counts the unary calls a channel makes, by method."""
+class SyncCounter(grpc.UnaryUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):  # type: ignore[type-arg]
+    """Counts the calls a channel starts, by method, and the messages its streams send."""
 
     def __init__(self) -> None:
         self.calls: collections.Counter[str] = collections.Counter()
+        self.messages = 0
         self._lock = threading.Lock()
+
+    def _count(self, method: str) -> None:
+        with self._lock:
+            self.calls[method] += 1
 
     def intercept_unary_unary(
         self, continuation: Callable[..., Any], details: Any, request: Any
     ) -> Any:
-        with self._lock:
-            self.calls[details.method] += 1
+        self._count(details.method)
         return continuation(details, request)
+
+    def intercept_stream_stream(
+        self, continuation: Callable[..., Any], details: Any, requests: Iterator[Any]
+    ) -> Any:
+        self._count(details.method)
+
+        def counted() -> Iterator[Any]:
+            for m in requests:
+                with self._lock:
+                    self.messages += 1
+                yield m
+
+        return continuation(details, counted())
 
 
 # The call transport (Batching.stream=False); the EnqueueStream transport that is the
@@ -166,12 +184,13 @@ async def test_a_failed_batch_call_fails_every_caller(stream: bool) -> None:
     assert len({id(o) for o in outcomes}) == 5  # one exception object per caller
 
 
-def test_sync_client_batches_calls_from_many_threads(target: str) -> None:
+@pytest.mark.parametrize("stream", [False, True], ids=["calls", "stream"])
+def test_sync_client_batches_calls_from_many_threads(target: str, stream: bool) -> None:
     counter = SyncCounter()
     channel = grpc.intercept_channel(
         grpc.insecure_channel(target, options=channel_options()), counter
     )
-    client = Client(channel=channel, batching=Batching(max_delay=0.05, stream=False))
+    client = Client(channel=channel, batching=Batching(max_delay=0.05, stream=stream))
     start = threading.Barrier(32)
 
     def one(i: int) -> Outcome:
@@ -187,9 +206,13 @@ def test_sync_client_batches_calls_from_many_threads(target: str) -> None:
     refused = [i for i, o in enumerate(outcomes) if isinstance(o, InvalidArgumentError)]
     assert refused == [0, 8, 16, 24]
     assert all(isinstance(o, EnqueueResult) for i, o in enumerate(outcomes) if i % 8)
-    # 32 threads released together: the first call goes alone, the rest gather behind it.
-    calls = counter.calls[ENQUEUE] + counter.calls[BATCH]
-    assert calls < 16, counter.calls
+    # 32 threads released together: the first batch goes alone, the rest gather behind it.
+    if stream:
+        assert counter.calls == {STREAM: 1}, counter.calls  # no unary Enqueue or EnqueueBatch
+        assert 1 <= counter.messages < 16
+    else:
+        calls = counter.calls[ENQUEUE] + counter.calls[BATCH]
+        assert calls < 16, counter.calls
     with Client(target) as plain:
         assert plain.stats("q").enqueued_total == 28
     channel.close()

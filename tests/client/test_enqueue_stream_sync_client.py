@@ -1,91 +1,23 @@
-"""The blocking Client's EnqueueStream transport (the default once batching is on): few
-messages on one stream from many threads, unary calls again for a server without the
-method, and a broken stream's batch failed while the next batch opens a new stream."""
+"""The blocking Client's EnqueueStream transport (the default once batching is on):
+unary calls again for a server without the method, and a broken stream's batch failed
+while the next batch opens a new stream (few messages from many threads:
+test_batching.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from dataclasses import dataclass
 
 import grpc
 import pytest
 
-from delayq import (
-    Batching,
-    Client,
-    DelayqError,
-    EnqueueResult,
-    InvalidArgumentError,
-    UnavailableError,
-)
-from delayq._channel import channel_options
-from tests.client.test_enqueue_stream_client import SERVICE, STREAM, Proxy
-
-ENQUEUE, BATCH = f"/{SERVICE}/Enqueue", f"/{SERVICE}/EnqueueBatch"
-
-
-class Counter(grpc.UnaryUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):  # type: ignore[type-arg]
-    """Counts the calls a channel starts, by method, and the messages its streams send."""
-
-    def __init__(self) -> None:
-        self.calls: collections.Counter[str] = collections.Counter()
-        self.messages = 0
-        self._lock = threading.Lock()
-
-    def _count(self, method: str) -> None:
-        with self._lock:
-            self.calls[method] += 1
-
-    def intercept_unary_unary(
-        self, continuation: Callable[..., Any], details: Any, request: Any
-    ) -> Any:
-        self._count(details.method)
-        return continuation(details, request)
-
-    def intercept_stream_stream(
-        self, continuation: Callable[..., Any], details: Any, requests: Iterator[Any]
-    ) -> Any:
-        self._count(details.method)
-
-        def counted() -> Iterator[Any]:
-            for m in requests:
-                with self._lock:
-                    self.messages += 1
-                yield m
-
-        return continuation(details, counted())
-
-
-def test_threads_enqueue_as_few_messages_on_one_stream(target: str) -> None:
-    counter = Counter()
-    channel = grpc.intercept_channel(
-        grpc.insecure_channel(target, options=channel_options()), counter
-    )
-    client = Client(channel=channel, batching=Batching(max_delay=0.05))
-    start = threading.Barrier(32)
-
-    def one(i: int) -> EnqueueResult | DelayqError:
-        start.wait()
-        try:
-            return client.enqueue("stq" if i % 8 else "bad:q", i)
-        except DelayqError as err:
-            return err
-
-    with ThreadPoolExecutor(32) as pool:
-        outcomes = list(pool.map(one, range(32)))
-    client.close()
-    refused = [i for i, o in enumerate(outcomes) if isinstance(o, InvalidArgumentError)]
-    assert refused == [0, 8, 16, 24]
-    assert all(isinstance(o, EnqueueResult) for i, o in enumerate(outcomes) if i % 8)
-    assert counter.calls == {STREAM: 1}, counter.calls  # no unary Enqueue or EnqueueBatch
-    assert 1 <= counter.messages < 16
-    with Client(target) as plain:
-        assert plain.stats("stq").enqueued_total == 28
-    channel.close()
+from delayq import Batching, Client, UnavailableError
+from tests.client.test_batching import BATCH, ENQUEUE, STREAM, SyncCounter
+from tests.client.test_enqueue_stream_client import Proxy
+from tests.support.servers import wait_until
 
 
 class ProxyThread:
@@ -113,60 +45,68 @@ class ProxyThread:
         self.loop.close()
 
 
+@dataclass
+class Proxied:
+    """A started `ProxyThread` to the test's server and a counted channel to it."""
+
+    proxy: ProxyThread
+    raw: grpc.Channel
+    channel: grpc.Channel
+    counter: SyncCounter
+
+
 @pytest.fixture
-def proxies() -> Iterator[list[ProxyThread]]:
-    made: list[ProxyThread] = []
-    yield made
+def proxied(target: str) -> Iterator[Callable[[bool], Proxied]]:
+    """Starts a proxy (with or without EnqueueStream); stops and closes it after the test."""
+    made: list[Proxied] = []
+
+    def make(stream: bool) -> Proxied:
+        proxy = ProxyThread(target, stream=stream)
+        proxy.start()
+        counter = SyncCounter()
+        raw = grpc.insecure_channel(proxy.address)
+        made.append(Proxied(proxy, raw, grpc.intercept_channel(raw, counter), counter))
+        return made[-1]
+
+    yield make
     for p in made:
-        p.close()
+        p.channel.close()
+        p.proxy.stop()
+        p.proxy.close()
 
 
 def test_a_server_without_enqueue_stream_gets_unary_calls(
-    target: str, proxies: list[ProxyThread]
+    proxied: Callable[[bool], Proxied],
 ) -> None:
-    proxy = ProxyThread(target, stream=False)
-    proxies.append(proxy)
-    proxy.start()
-    counter = Counter()
-    channel = grpc.intercept_channel(grpc.insecure_channel(proxy.address), counter)
-    try:
-        with Client(channel=channel, batching=Batching()) as client:
-            with ThreadPoolExecutor(10) as pool:
-                first = list(pool.map(lambda i: client.enqueue("sold", i), range(10)))
-            assert client._stream is not None and client._stream.unsupported
-            lone = client.enqueue("sold", 10)
-            assert len({r.job_id for r in [*first, lone]}) == 11
-            assert counter.calls[STREAM] == 1  # tried once, then calls only
-            assert counter.calls[ENQUEUE] + counter.calls[BATCH] >= 2
-            assert client.stats("sold").enqueued_total == 11  # stored once each
-    finally:
-        channel.close()
-        proxy.stop()
+    p = proxied(False)
+    with Client(channel=p.channel, batching=Batching()) as client:
+        with ThreadPoolExecutor(10) as pool:
+            first = list(pool.map(lambda i: client.enqueue("sold", i), range(10)))
+        assert client._stream is not None and client._stream.unsupported
+        lone = client.enqueue("sold", 10)
+        assert len({r.job_id for r in [*first, lone]}) == 11
+        assert p.counter.calls[STREAM] == 1  # tried once, then calls only
+        assert p.counter.calls[ENQUEUE] + p.counter.calls[BATCH] >= 2
+        assert client.stats("sold").enqueued_total == 11  # stored once each
 
 
 def test_a_broken_stream_fails_its_batch_and_the_next_batch_opens_a_new_one(
-    target: str, proxies: list[ProxyThread]
+    proxied: Callable[[bool], Proxied],
 ) -> None:
-    proxy = ProxyThread(target, stream=True)
-    proxies.append(proxy)
-    proxy.start()
-    counter = Counter()
-    raw = grpc.insecure_channel(proxy.address)
-    channel = grpc.intercept_channel(raw, counter)
-    try:
-        with Client(
-            channel=channel, batching=Batching(), timeout=5.0, retry_deadline=0.0
-        ) as client:
-            client.enqueue("sbroken", "before")
-            proxy.stop()
-            with pytest.raises(UnavailableError):
-                client.enqueue("sbroken", "while down")  # no key: never re-sent
-            proxy.start()
-            # The channel reconnects in its own time (gRPC's connection backoff).
-            grpc.channel_ready_future(raw).result(30)
-            client.enqueue("sbroken", "after")
-            assert counter.calls[STREAM] >= 2  # a new stream after the failed one
-            assert client.stats("sbroken").enqueued_total == 2
-    finally:
-        channel.close()
-        proxy.stop()
+    p = proxied(True)
+    with Client(channel=p.channel, batching=Batching(), timeout=5.0, retry_deadline=0.0) as client:
+        client.enqueue("sbroken", "before")
+        assert client._stream is not None and client._stream._open is not None
+        broken = client._stream._open
+        p.proxy.stop()
+        with pytest.raises(UnavailableError):
+            client.enqueue("sbroken", "while down")  # no key: never re-sent
+        p.proxy.start()
+        # The channel reconnects in its own time (gRPC's connection backoff).
+        grpc.channel_ready_future(p.raw).result(30)
+        client.enqueue("sbroken", "after")
+        assert p.counter.calls[STREAM] >= 2  # a new stream after the failed one
+        assert client.stats("sbroken").enqueued_total == 2
+        # grpc reads each stream's requests on a thread of its own, blocked until the
+        # next message: an ended stream must release it, or each break leaks one.
+        wait_until(broken.released.is_set, timeout=10)

@@ -39,9 +39,14 @@ class _Open:
         self.waiting: dict[int, concurrent.futures.Future[service_pb2.EnqueueStreamResponse]] = {}
         self.error: DelayqError | None = None  # set once, when the stream ended
         self.reader: threading.Thread | None = None
+        #: Set once grpc's thread stopped reading `messages()` (it waits for a next one).
+        self.released = threading.Event()
 
     def messages(self) -> Iterator[service_pb2.EnqueueStreamRequest]:
-        return iter(self.requests.get, _END)
+        try:
+            yield from iter(self.requests.get, _END)
+        finally:
+            self.released.set()
 
 
 class ThreadEnqueueStream:
@@ -112,6 +117,8 @@ class ThreadEnqueueStream:
         except grpc.RpcError as exc:
             err = from_rpc_error(exc)
         finally:
+            # grpc's thread that reads `st.requests` waits for a next message: release it.
+            st.requests.put(_END)
             with st.lock:
                 st.error = err
                 waiting = list(st.waiting.values())
