@@ -17,6 +17,7 @@
  */
 import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError } from "@connectrpc/connect";
+import { createWritableIterable, type WritableIterable } from "@connectrpc/connect/protocol";
 
 import {
   EnqueueStreamRequestSchema,
@@ -39,43 +40,6 @@ export class StreamUnsupportedError extends Error {
   }
 }
 
-/** The request side of one stream: batches pushed here are written in order. */
-class Outbox implements AsyncIterable<EnqueueStreamRequest> {
-  private readonly queue: EnqueueStreamRequest[] = [];
-  private wake: (() => void) | undefined;
-  private ended = false;
-
-  push(m: EnqueueStreamRequest): void {
-    this.queue.push(m);
-    this.signal();
-  }
-
-  /** No more batches: the stream is half-closed once the queued ones are written. */
-  end(): void {
-    this.ended = true;
-    this.signal();
-  }
-
-  private signal(): void {
-    const wake = this.wake;
-    this.wake = undefined;
-    wake?.();
-  }
-
-  async *[Symbol.asyncIterator](): AsyncGenerator<EnqueueStreamRequest> {
-    for (;;) {
-      const next = this.queue.shift();
-      if (next !== undefined) {
-        yield next;
-      } else if (this.ended) {
-        return;
-      } else {
-        await new Promise<void>((r) => (this.wake = r));
-      }
-    }
-  }
-}
-
 interface Waiter {
   resolve: (r: EnqueueStreamResponse) => void;
   reject: (e: unknown) => void;
@@ -83,7 +47,8 @@ interface Waiter {
 
 /** One EnqueueStream call and the batches waiting for its answers. */
 interface OpenStream {
-  readonly outbox: Outbox;
+  /** The request side: batches written here are sent in order; close() half-closes. */
+  readonly outbox: WritableIterable<EnqueueStreamRequest>;
   readonly abort: AbortController;
   /** Batches sent and not answered; undefined once the stream ended (the reader failed them). */
   waiting: Map<bigint, Waiter> | undefined;
@@ -122,7 +87,9 @@ export class EnqueueStream {
     return new Promise<EnqueueStreamResponse>((resolve, reject) => {
       // open() returned a stream whose reader has not ended: `waiting` is set.
       st.waiting!.set(batchId, { resolve, reject });
-      st.outbox.push(create(EnqueueStreamRequestSchema, { batchId, requests }));
+      // Settles when the transport takes the message; a stream that ends first rejects it,
+      // and the reader then fails this batch with the stream's error.
+      st.outbox.write(create(EnqueueStreamRequestSchema, { batchId, requests })).catch(() => {});
     });
   }
 
@@ -136,7 +103,7 @@ export class EnqueueStream {
       return cur;
     }
     const st: OpenStream = {
-      outbox: new Outbox(),
+      outbox: createWritableIterable<EnqueueStreamRequest>(),
       abort: new AbortController(),
       waiting: new Map(),
       idleTimer: undefined,
@@ -172,7 +139,7 @@ export class EnqueueStream {
     const waiting = st.waiting!;
     st.waiting = undefined;
     if (st.idleTimer !== undefined) clearTimeout(st.idleTimer);
-    st.outbox.end(); // a write waiting for the next batch returns
+    st.outbox.close(); // the transport stops waiting for a next batch
     this.live.delete(st);
     for (const w of waiting.values()) w.reject(unsupported ? new StreamUnsupportedError() : err);
   }
@@ -184,7 +151,7 @@ export class EnqueueStream {
       st.idleTimer = undefined;
       if (st.waiting?.size !== 0) return; // a batch came meanwhile, or the stream ended
       if (this.current === st) this.current = undefined;
-      st.outbox.end(); // the server answers nothing more and ends the stream
+      st.outbox.close(); // the server answers nothing more and ends the stream
     }, this.idleCloseMs);
     // An open stream keeps the process alive anyway; the timer itself should not.
     st.idleTimer.unref();
@@ -200,7 +167,7 @@ export class EnqueueStream {
     if (cur !== undefined) {
       if (cur.idleTimer !== undefined) clearTimeout(cur.idleTimer);
       cur.idleTimer = undefined;
-      cur.outbox.end();
+      cur.outbox.close();
     }
     const streams = [...this.live];
     if (streams.length === 0) return;
