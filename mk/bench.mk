@@ -99,6 +99,12 @@ bench-push: deps
 bench-unary: deps
 	$(PY) -m bench.unary_latency $(BENCH_ARGS)
 
+# Issue 12: Redis time of each enqueue script call (the 2 ms bound) for batches of
+# spread, one-delay and rising due times beside a 1M backlog (bench/enqueue_calls.py).
+.PHONY: bench-enqueue-calls
+bench-enqueue-calls: deps
+	$(PY) -m bench.enqueue_calls $(BENCH_ARGS)
+
 # Issue 12: client CPU per Redis script call through redis-py's pools and QuickPool.
 .PHONY: bench-pool
 bench-pool: deps

@@ -29,9 +29,9 @@ async def cluster_store(redis_server: ManagedCluster) -> AsyncIterator[tuple[Sto
     used: set[str] = set()
     run = store._run
 
-    async def recording_run(name: str, keys: Any, args: Any) -> Any:
+    async def recording_run(name: str, keys: Any, args: Any, *rest: Any) -> Any:
         used.add(name)
-        return await run(name, keys, args)
+        return await run(name, keys, args, *rest)
 
     store._run = recording_run  # type: ignore[method-assign]
     yield store, used

@@ -237,25 +237,62 @@ async def test_redis_time_is_the_default_clock(store: Store, shard: Shard) -> No
     assert abs(now - redis_now) < 1_000 and r.due_ms == now
 
 
-async def test_a_full_batch_is_stored_in_bounded_chunks(store: Store, shard: Shard) -> None:
-    """1,000 jobs are 10 script calls of 100, not one long one that stalls Redis;
-    results keep the input order across chunks."""
-    from delayq_server.store.store import ENQUEUE_CHUNK
-
+def _counting_enqueue_calls(store: Store) -> list[int]:
+    """Jobs per enqueue script call (ARGV[6]), recorded as the calls go out."""
     calls: list[int] = []
     run = store._run
 
-    async def counting_run(name: str, keys: Any, args: Any) -> Any:
+    async def counting_run(name: str, keys: Any, args: Any, *rest: Any) -> Any:
         if name == "enqueue":
-            calls.append(int(args[5]))  # ARGV[6]: jobs in this call
-        return await run(name, keys, args)
+            calls.append(int(args[5]))
+        return await run(name, keys, args, *rest)
 
     store._run = counting_run  # type: ignore[method-assign]
-    jobs = [spec(delay_ms=1000 + i) for i in range(1000)]
+    return calls
+
+
+async def test_a_full_batch_is_stored_in_bounded_chunks(store: Store, shard: Shard) -> None:
+    """1,000 jobs of one delay are 10 script calls of 100, not one long one that
+    stalls Redis; results keep the input order across chunks."""
+    from delayq_server.store.chunks import ENQUEUE_CHUNK
+
+    calls = _counting_enqueue_calls(store)
+    jobs = [spec(delay_ms=60_000) for _ in range(1000)]
     results, _ = await store.enqueue(shard.keys, jobs, T0)
     assert calls == [ENQUEUE_CHUNK] * (1000 // ENQUEUE_CHUNK)
     assert [r.job_id for r in results] == [j.job_id for j in jobs]
+    assert {r.due_ms for r in results} == {T0 + 60_000}
+
+
+async def test_a_call_holds_few_distinct_due_times(store: Store, shard: Shard) -> None:
+    """Each new due time in a call costs Redis a bucket lookup (and sometimes a split)
+    on top of the job's own writes: 100 jobs with 100 due times over 30 days held
+    Redis 2.4-2.6 ms per call (bench/enqueue_calls.py), over the 2 ms bound. So a call
+    takes at most ENQUEUE_DUE_TIMES of them; jobs sharing their neighbour's due time
+    (one delay, or one absolute time) and jobs due at once do not count."""
+    from delayq_server.store.chunks import ENQUEUE_CHUNK, ENQUEUE_DUE_TIMES
+
+    calls = _counting_enqueue_calls(store)
+    spread = [spec(delay_ms=1000 + i) for i in range(1000)]
+    results, _ = await store.enqueue(shard.keys, spread, T0)
+    assert calls == [ENQUEUE_DUE_TIMES] * (1000 // ENQUEUE_DUE_TIMES)
+    assert [r.job_id for r in results] == [j.job_id for j in spread]
     assert [r.due_ms for r in results] == [T0 + 1000 + i for i in range(1000)]
+
+    calls.clear()  # runs of 10 jobs per due time: 25 runs would be 250 jobs
+    runs = [spec(delay_ms=5_000 + i // 10) for i in range(1000)]
+    await store.enqueue(shard.keys, runs, T0)
+    assert calls == [ENQUEUE_CHUNK] * 10
+
+    calls.clear()  # absolute due times count the same way
+    at = [spec(due_at_ms=T0 + 9_000 + i) for i in range(60)]
+    await store.enqueue(shard.keys, at, T0)
+    assert calls == [ENQUEUE_DUE_TIMES, ENQUEUE_DUE_TIMES, 10]
+
+    calls.clear()  # due at once: the ready list, no bucket
+    await store.enqueue(shard.keys, [spec(delay_ms=0) for _ in range(200)], T0)
+    assert calls == [ENQUEUE_CHUNK] * 2
+    assert await store.redis.llen(shard.keys.ready) == 200
 
 
 async def _max_enqueue_calls_at_once(store: Store, shard: Shard, jobs: list[Any]) -> int:
@@ -266,8 +303,11 @@ async def _max_enqueue_calls_at_once(store: Store, shard: Shard, jobs: list[Any]
 
 
 async def test_chunks_of_delayed_jobs_go_out_together(store: Store, shard: Shard) -> None:
+    """Several at once, but not all 40: each holds a Redis connection (and its buffers)."""
+    from delayq_server.store.chunks import CHUNKS_AT_ONCE
+
     jobs = [spec(delay_ms=1000 + i) for i in range(1000)]
-    assert await _max_enqueue_calls_at_once(store, shard, jobs) > 1
+    assert 1 < await _max_enqueue_calls_at_once(store, shard, jobs) <= CHUNKS_AT_ONCE
     assert int(await store.redis.hget(shard.keys.stats, "backlog") or 0) == 1000
 
 

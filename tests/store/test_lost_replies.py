@@ -94,8 +94,30 @@ async def test_resent_enqueue_answers_what_the_first_run_did(
         (jobs[4].job_id, T0 + 10, False),
     ]
     assert await aredis.hget(KEYS.stats, "enqueued") == b"5"
-    for entry in await aredis.keys(KEYS.prefix + "rq:*"):
-        assert len(cast(bytes, await aredis.get(entry))) < 60  # not the whole reply
+    entries = await aredis.keys(KEYS.prefix + "rq:*")
+    assert entries  # the call's own entry (and `first`'s)
+    for entry in entries:
+        for value in await aredis.hvals(entry):  # one field per call of the batch
+            assert len(cast(bytes, value)) < 60  # not the whole reply
+
+
+async def test_a_resent_call_in_the_middle_of_a_batch_stores_no_duplicate(
+    lossy: LossyProxy, lossy_store: Store, aredis: aioredis.Redis
+) -> None:
+    """A batch's 40 calls share one request key, a field each: the call whose reply
+    was lost replays its own field, not a neighbour's."""
+    jobs = [spec(delay_ms=1_000 + i) for i in range(1000)]
+    lossy.drop_reply_to(jobs[510].job_id.encode())  # somewhere in the 21st call
+    results, _ = await lossy_store.enqueue(KEYS, jobs, T0)
+    assert lossy.dropped.is_set()
+    assert [(r.job_id, r.due_ms, r.duplicate) for r in results] == [
+        (j.job_id, T0 + 1_000 + i, False) for i, j in enumerate(jobs)
+    ]
+    assert await aredis.hget(KEYS.stats, "enqueued") == b"1000"
+    assert await aredis.hget(KEYS.stats, "backlog") == b"1000"
+    (entry,) = await aredis.keys(KEYS.prefix + "rq:*")  # one for the whole batch
+    assert await aredis.hlen(entry) == 40
+    assert 0 < await aredis.pttl(entry) <= 30_000
 
 
 async def test_resent_ack_answers_acked(lossy: LossyProxy, lossy_store: Store) -> None:

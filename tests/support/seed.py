@@ -119,12 +119,12 @@ class CallsAtOnce:
         self._run = store._run
         store._run = self._counting  # type: ignore[method-assign]
 
-    async def _counting(self, name: str, keys: Any, args: Any) -> Any:
+    async def _counting(self, name: str, keys: Any, args: Any, *rest: Any) -> Any:
         if name != self._name:
-            return await self._run(name, keys, args)
+            return await self._run(name, keys, args, *rest)
         self._active += 1
         self.peak = max(self.peak, self._active)
         try:
-            return await self._run(name, keys, args)
+            return await self._run(name, keys, args, *rest)
         finally:
             self._active -= 1

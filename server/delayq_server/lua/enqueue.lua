@@ -4,7 +4,8 @@
 -- KEYS[3] stats   HASH  counters
 -- KEYS[4] exp     ZSET  job id -> expire ms (jobs with a TTL only)
 -- ARGV[1] prefix (dq:{ns/queue/shard}:), ARGV[2] now ms ('' = Redis TIME),
--- ARGV[3] unused (was the bucket width), ARGV[4] idempotency window ms, ARGV[5] shard channel (SPUBLISH),
+-- ARGV[3] this call's field in the batch's request key (its chunk number),
+-- ARGV[4] idempotency window ms, ARGV[5] shard channel (SPUBLISH),
 -- ARGV[6] job count n (<= 1000, enforced by the caller),
 -- ARGV[7] the jobs: one msgpack array of n arrays of 12 fields each:
 --   id, delay_ms (-1 when due_at is given), due_at ms (-1), ttl ms (0 none),
@@ -19,13 +20,14 @@
 -- "<prefix> due <ms>" when the earliest due time moved earlier, so idle
 -- dispatchers and promoters on every server replica wake at once.
 -- Undeclared keys (records, buckets, idempotency) share KEYS' hash tag.
--- KEYS[5] the call's request key (includes/replay.lua). A re-sent call is
+-- KEYS[5] the batch's request key (includes/replay.lua: a HASH, field ARGV[3]
+-- per call, replay_hget/replay_hput). A re-sent call is
 -- answered from a compact entry: "now" and the duplicates only (index, id, due);
 -- every stored job's due time follows from its ARGV and that "now". The full
 -- reply cost ~37 bytes per job for 30 s, a tenth of a job's memory.
 local k_index, k_ready, k_stats, k_exp = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local prefix = ARGV[1]
-local idem_window, channel, n = tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6])
+local field, idem_window, channel, n = ARGV[3], tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6])
 -- @include record
 -- @include events
 -- @include replay
@@ -38,7 +40,7 @@ local function due_of(j, now)
   return due
 end
 
-local prev = replay_get()
+local prev = replay_hget(field)
 if prev then
   local out, d = {prev[1]}, 2
   for i = 1, n do
@@ -126,5 +128,5 @@ if pushed > 0 and was_empty then redis.call('SPUBLISH', channel, prefix .. ' rea
 if earliest and (head_due == nil or earliest < head_due) then
   redis.call('SPUBLISH', channel, prefix .. ' due ' .. string.format('%d', earliest))
 end
-if stored > 0 then replay_put(kept) end
+if stored > 0 then replay_hput(field, kept) end
 return out

@@ -11,7 +11,7 @@ import asyncio
 import itertools
 import os
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -20,6 +20,11 @@ from redis.commands.core import AsyncScript
 
 from delayq_server.store import records, scripts
 from delayq_server.store.backlog import BacklogDue, backlog_due
+from delayq_server.store.chunks import (
+    enqueue_chunks,
+    fixed_chunks,
+    in_chunks,
+)
 from delayq_server.store.keys import (
     QUEUES_KEY,
     REPLICAS_KEY,
@@ -52,28 +57,10 @@ RELEASE_CHUNK = 100
 EXPIRE_LIMIT = 200
 # Jobs per enqueue script call: 500 took 7-20 ms of Redis time, 100 stays
 # around 2 ms (issue 11), at a few % of batched enqueue throughput.
-ENQUEUE_CHUNK = 100
 SCRIPTS_IN_FLIGHT = 48  # below the 64 connections per Redis node (redis_client.py)
 
 
 T = TypeVar("T")
-
-
-async def _in_chunks(
-    items: Sequence[Any],
-    size: int,
-    call: Callable[[Sequence[Any]], Awaitable[T]],
-    *,
-    together: bool,
-) -> list[T]:
-    """One bounded script call per ``size`` items, replies in item order. With
-    ``together`` (the calls' order cannot show) they go out at once: Redis still
-    runs them one at a time, each bounded, without a round trip of this process
-    between them; otherwise one after another."""
-    chunks = [items[s : s + size] for s in range(0, len(items), size)]
-    if together and len(chunks) > 1:
-        return list(await asyncio.gather(*(call(c) for c in chunks)))
-    return [await call(c) for c in chunks]
 
 
 def _order_free(jobs: Sequence[JobSpec]) -> bool:
@@ -275,8 +262,11 @@ class Store:
         for script in self._scripts.values():
             script.sha = await self.redis.script_load(script.script)
 
-    async def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        """Runs one script, with a fresh request key appended to its KEYS.
+    async def _run(
+        self, name: str, keys: Sequence[str], args: Sequence[Any], request_key: str = ""
+    ) -> Any:
+        """Runs one script, with a fresh request key (or ``request_key``, which a
+        batch's enqueue calls share) appended to its KEYS.
 
         The client re-sends a command when its connection drops (redis_client.py),
         so each call of a state-changing script carries a request id: a re-sent
@@ -291,7 +281,7 @@ class Store:
         if name in scripts.REPLAYED:
             prefix = args[0]
             assert isinstance(prefix, str) and prefix.startswith("dq:{"), prefix
-            keys = [*keys, f"{prefix}rq:{self._rq_prefix}{next(self._rq_seq)}"]
+            keys = [*keys, request_key or self._request_key(prefix)]
         async with self._in_flight:
             if self.observe is None:
                 return await self._scripts[name](keys=list(keys), args=argv)
@@ -301,6 +291,10 @@ class Store:
                 return await self._scripts[name](keys=list(keys), args=argv)
             finally:
                 self.observe(name, started)
+
+    def _request_key(self, prefix: str) -> str:
+        """A key no other call uses, in the shard's hash tag (lua/includes/replay.lua)."""
+        return f"{prefix}rq:{self._rq_prefix}{next(self._rq_seq)}"
 
     # -- queues -----------------------------------------------------------------
 
@@ -373,22 +367,30 @@ class Store:
     ) -> tuple[list[EnqueueResult], int]:
         """Stores jobs of one shard; duplicates of an idempotency key store nothing.
 
-        At most ENQUEUE_CHUNK jobs per script call, so a 1,000-job batch never
-        blocks Redis for long (DESIGN: bounded scripts); the calls go out together
-        when their order cannot show (_order_free).
+        At most ENQUEUE_CHUNK jobs and ENQUEUE_DUE_TIMES due times per script call
+        (store/chunks.py), so a 1,000-job batch never blocks Redis for long (DESIGN:
+        bounded scripts); the calls go out together when their order cannot show
+        (_order_free).
         """
         if not 0 < len(jobs) <= MAX_BATCH:
             raise ValueError(f"enqueue takes 1 to {MAX_BATCH} jobs per call")
-        parts = await _in_chunks(
-            jobs,
-            ENQUEUE_CHUNK,
-            lambda chunk: self._enqueue_chunk(keys, chunk, now_ms),
-            together=len(jobs) > ENQUEUE_CHUNK and _order_free(jobs),
+        chunks = enqueue_chunks(jobs)
+        request_key = self._request_key(keys.prefix)  # one replay entry per batch
+        numbered = list(enumerate(chunks))
+        parts = await in_chunks(
+            numbered,
+            lambda part: self._enqueue_chunk(keys, part[1], now_ms, request_key, part[0]),
+            together=len(chunks) > 1 and _order_free(jobs),
         )
         return [r for chunk, _ in parts for r in chunk], parts[-1][1]
 
     async def _enqueue_chunk(
-        self, keys: ShardKeys, jobs: Sequence[JobSpec], now_ms: int | None
+        self,
+        keys: ShardKeys,
+        jobs: Sequence[JobSpec],
+        now_ms: int | None,
+        request_key: str,
+        chunk_no: int,
     ) -> tuple[list[EnqueueResult], int]:
         packed = msgpack.packb(
             [
@@ -413,13 +415,15 @@ class Store:
         args: list[Any] = [
             keys.prefix,
             _now_arg(now_ms),
-            await self._width(keys),
+            chunk_no,
             self.idempotency_window_ms,
             shard_channel(keys),
             len(jobs),
             packed,
         ]
-        out = await self._run("enqueue", [keys.index, keys.ready, keys.stats, keys.expiring], args)
+        out = await self._run(
+            "enqueue", [keys.index, keys.ready, keys.stats, keys.expiring], args, request_key
+        )
         now = int(out[0])
         # A stored job is answered with the id it was sent with: only a duplicate's
         # (the holder of its idempotency key) needs decoding.
@@ -502,7 +506,7 @@ class Store:
         # Distinct jobs: the outcomes do not depend on the order of the calls. A
         # job named twice keeps first-listed-wins order.
         distinct = len(leases) > ACK_CHUNK and len({x.job_id for x in leases}) == len(leases)
-        parts = await _in_chunks(leases, ACK_CHUNK, one, together=distinct)
+        parts = await in_chunks(fixed_chunks(leases, ACK_CHUNK), one, together=distinct)
         return [code for part in parts for code in part]
 
     async def nack(
