@@ -29,9 +29,9 @@ async def cluster_store(redis_server: ManagedCluster) -> AsyncIterator[tuple[Sto
     used: set[str] = set()
     run = store._run
 
-    async def recording_run(name: str, keys: Any, args: Any, *rest: Any) -> Any:
+    async def recording_run(name: str, keys: Any, args: Any, request_key: str = "") -> Any:
         used.add(name)
-        return await run(name, keys, args, *rest)
+        return await run(name, keys, args, request_key)
 
     store._run = recording_run  # type: ignore[method-assign]
     yield store, used

@@ -274,8 +274,8 @@ async def test_claims_acks_and_releases_are_bounded_per_script_call(
     sizes: dict[str, list[int]] = {"claim": [], "ack": [], "release": []}
     run = store._run
 
-    async def counting_run(name: str, keys: Any, args: Any, *rest: Any) -> Any:
-        out = await run(name, keys, args, *rest)
+    async def counting_run(name: str, keys: Any, args: Any, request_key: str = "") -> Any:
+        out = await run(name, keys, args, request_key)
         if name == "claim":
             sizes[name].append((len(out) - 1) // 3)  # {now, then id, nonce, record each}
         elif name in sizes:

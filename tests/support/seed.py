@@ -119,12 +119,12 @@ class CallsAtOnce:
         self._run = store._run
         store._run = self._counting  # type: ignore[method-assign]
 
-    async def _counting(self, name: str, keys: Any, args: Any, *rest: Any) -> Any:
+    async def _counting(self, name: str, keys: Any, args: Any, request_key: str = "") -> Any:
         if name != self._name:
-            return await self._run(name, keys, args, *rest)
+            return await self._run(name, keys, args, request_key)
         self._active += 1
         self.peak = max(self.peak, self._active)
         try:
-            return await self._run(name, keys, args, *rest)
+            return await self._run(name, keys, args, request_key)
         finally:
             self._active -= 1
