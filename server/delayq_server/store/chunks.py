@@ -7,8 +7,7 @@ then a split: 100 jobs with 100 due times spread over 30 days held Redis 2.4-2.6
 per call with 0.3-1M jobs in place, against 0.5-0.8 ms for 25 such jobs and 1.4-1.7 ms
 for 100 jobs of one due time (`make bench-enqueue-calls`, docs/decisions.md,
 "enqueue calls bounded by due times"). So a call takes at most ENQUEUE_CHUNK jobs
-and at most ENQUEUE_DUE_TIMES due times, and the script itself stops at
-ENQUEUE_BUDGET_US of Redis time.
+and at most ENQUEUE_DUE_TIMES due times.
 """
 
 from __future__ import annotations
@@ -25,13 +24,6 @@ C = TypeVar("C")
 
 ENQUEUE_CHUNK = 100
 ENQUEUE_DUE_TIMES = 25
-# What the cut above cannot foresee is where due times land: 100 jobs of one delay
-# in the middle of existing buckets split them and held Redis up to 2.3 ms. So
-# enqueue.lua also stops at this much of Redis' own time (µs, checked every 8 jobs)
-# and the caller sends the rest in a next call. 1,000 kept those calls at p99 1.52
-# ms, max 1.72 (1,500: 2.01 / 2.08); a call of 100 jobs appended to the backlog
-# (0.8 ms) goes whole.
-ENQUEUE_BUDGET_US = 1_000
 # Calls of one batch in flight at once: each holds a pooled Redis connection, and
 # each connection costs Redis ~20 kB of buffers. 40 at once (1,000 spread jobs)
 # added 7 B per job to `make bench`'s 100,000-job memory figure; 10 is what a

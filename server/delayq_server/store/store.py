@@ -21,7 +21,6 @@ from redis.commands.core import AsyncScript
 from delayq_server.store import records, scripts
 from delayq_server.store.backlog import BacklogDue, backlog_due
 from delayq_server.store.chunks import (
-    ENQUEUE_BUDGET_US,
     enqueue_chunks,
     fixed_chunks,
     in_chunks,
@@ -227,7 +226,6 @@ class Store:
         }
         self._shards: dict[tuple[str, str], int] = {}
         self._widths: dict[tuple[str, str], int] = {}
-        self.enqueue_budget_us = ENQUEUE_BUDGET_US  # enqueue.lua's Redis time per call
         # Request ids: unique per call across replicas and restarts.
         self._rq_prefix = os.urandom(6).hex() + "."
         self._rq_seq = itertools.count(1)
@@ -394,25 +392,6 @@ class Store:
         request_key: str,
         chunk_no: int,
     ) -> tuple[list[EnqueueResult], int]:
-        """One chunk, in as many calls as enqueue.lua's time budget needs (one
-        mostly): a call that stopped short is followed by one for the rest."""
-        results, now = await self._enqueue_call(keys, jobs, now_ms, request_key, f"{chunk_no}")
-        while len(results) < len(jobs):
-            done = len(results)
-            more, now = await self._enqueue_call(
-                keys, jobs[done:], now_ms, request_key, f"{chunk_no}.{done}"
-            )
-            results += more
-        return results, now
-
-    async def _enqueue_call(
-        self,
-        keys: ShardKeys,
-        jobs: Sequence[JobSpec],
-        now_ms: int | None,
-        request_key: str,
-        field: str,
-    ) -> tuple[list[EnqueueResult], int]:
         packed = msgpack.packb(
             [
                 [
@@ -436,12 +415,11 @@ class Store:
         args: list[Any] = [
             keys.prefix,
             _now_arg(now_ms),
-            field,
+            chunk_no,
             self.idempotency_window_ms,
             shard_channel(keys),
             len(jobs),
             packed,
-            self.enqueue_budget_us,
         ]
         out = await self._run(
             "enqueue", [keys.index, keys.ready, keys.stats, keys.expiring], args, request_key
@@ -453,8 +431,7 @@ class Store:
             EnqueueResult(_s(out[i]), int(out[i + 1]), True)
             if out[i + 2] == 1
             else EnqueueResult(j.job_id, int(out[i + 1]), False)
-            # The call may have stored the first jobs only (its time budget).
-            for i, j in zip(range(1, len(out), 3), jobs[: (len(out) - 1) // 3], strict=True)
+            for i, j in zip(range(1, len(out), 3), jobs, strict=True)
         ]
         return results, now
 
