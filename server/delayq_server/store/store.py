@@ -55,8 +55,7 @@ CLAIM_LIMIT = 50
 ACK_CHUNK = 100
 RELEASE_CHUNK = 100
 EXPIRE_LIMIT = 200
-# Jobs per enqueue script call: 500 took 7-20 ms of Redis time, 100 stays
-# around 2 ms (issue 11), at a few % of batched enqueue throughput.
+# Jobs per enqueue script call: store/chunks.py.
 SCRIPTS_IN_FLIGHT = 48  # below the 64 connections per Redis node (redis_client.py)
 
 
