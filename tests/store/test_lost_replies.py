@@ -106,6 +106,7 @@ async def test_a_resent_call_in_the_middle_of_a_batch_stores_no_duplicate(
 ) -> None:
     """A batch's 40 calls share one request key, a field each: the call whose reply
     was lost replays its own field, not a neighbour's."""
+    lossy_store.enqueue_budget_us = 60_000_000  # the 40 calls of the cut, none cut by time
     jobs = [spec(delay_ms=1_000 + i) for i in range(1000)]
     lossy.drop_reply_to(jobs[510].job_id.encode())  # somewhere in the 21st call
     results, _ = await lossy_store.enqueue(KEYS, jobs, T0)
@@ -118,6 +119,26 @@ async def test_a_resent_call_in_the_middle_of_a_batch_stores_no_duplicate(
     (entry,) = await aredis.keys(KEYS.prefix + "rq:*")  # one for the whole batch
     assert await aredis.hlen(entry) == 40
     assert 0 < await aredis.pttl(entry) <= 30_000
+
+
+async def test_a_resent_call_cut_by_its_time_budget_answers_what_it_took(
+    lossy: LossyProxy, lossy_store: Store, aredis: aioredis.Redis
+) -> None:
+    """A call that stopped at its Redis time budget keeps how many jobs it took in its
+    replay entry: re-sent, it answers those (not all it was sent), and the rest still
+    goes in the next call."""
+    lossy_store.enqueue_budget_us = 1  # 4 jobs per call
+    jobs = [spec(delay_ms=2_000), *(spec(delay_ms=3_000) for _ in range(9))]
+    lossy.drop_reply_to(sha(lossy_store, "enqueue"))  # the first call's
+    results, _ = await lossy_store.enqueue(KEYS, jobs, T0)
+    assert lossy.dropped.is_set()
+    assert [(r.job_id, r.due_ms, r.duplicate) for r in results] == [
+        (j.job_id, T0 + j.delay_ms, False) for j in jobs if j.delay_ms is not None
+    ]
+    assert await aredis.hget(KEYS.stats, "enqueued") == b"10"
+    assert await aredis.hget(KEYS.stats, "backlog") == b"10"
+    (entry,) = await aredis.keys(KEYS.prefix + "rq:*")
+    assert sorted(await aredis.hkeys(entry)) == [b"0", b"0.4", b"0.8"]  # three calls
 
 
 async def test_resent_ack_answers_acked(lossy: LossyProxy, lossy_store: Store) -> None:

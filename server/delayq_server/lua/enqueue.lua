@@ -11,23 +11,36 @@
 --   id, delay_ms (-1 when due_at is given), due_at ms (-1), ttl ms (0 none),
 --   max_attempts, backoff init ms, backoff max ms, multiplier, jitter,
 --   headers (msgpack map bytes), payload, idempotency key ('' none)
--- ARGV[8] events MAXLEN (0 = off; lua/includes/events.lua)
 -- (one packed argument instead of 12 per job: argument encoding was a quarter
 -- of the server's CPU per batched job)
--- Returns: {now, then per job: id, due ms (-1: a duplicate whose due time is unknown),
---   duplicate 0/1}
+-- ARGV[8] time budget of this call, µs of Redis' own clock from the script's
+--   start (TIME advances within a script). Checked every 4 jobs: past it the
+--   call stops, having stored at least 4 jobs, and the caller sends the rest in
+--   a next call. The caller's cut (store/chunks.py) cannot foresee where due
+--   times land: 100 jobs of one delay in the middle of existing buckets split
+--   them and took up to 2.3 ms.
+-- ARGV[9] events MAXLEN, always last (0 = off; lua/includes/events.lua)
+-- Returns: {now, then per job stored: id, due ms (-1: a duplicate whose due time is
+--   unknown), duplicate 0/1}: fewer jobs than n when the budget ran out.
 -- Publishes "<prefix> ready" when the ready list was empty and got jobs, and
 -- "<prefix> due <ms>" when the earliest due time moved earlier, so idle
 -- dispatchers and promoters on every server replica wake at once.
 -- Undeclared keys (records, buckets, idempotency) share KEYS' hash tag.
 -- KEYS[5] the batch's request key (includes/replay.lua: a HASH, field ARGV[3]
 -- per call, replay_hget/replay_hput). A re-sent call is
--- answered from a compact entry: "now" and the duplicates only (index, id, due);
--- every stored job's due time follows from its ARGV and that "now". The full
+-- answered from a compact entry: "now", how many jobs the call took (its budget
+-- may have stopped it) and the duplicates only (index, id, due); every stored
+-- job's due time follows from its ARGV and that "now". The full
 -- reply cost ~37 bytes per job for 30 s, a tenth of a job's memory.
 local k_index, k_ready, k_stats, k_exp = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local prefix = ARGV[1]
 local field, idem_window, channel, n = ARGV[3], tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6])
+local budget_us = tonumber(ARGV[8])
+local function clock_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local started = clock_us()
 -- @include record
 -- @include events
 -- @include replay
@@ -42,8 +55,8 @@ end
 
 local prev = replay_hget(field)
 if prev then
-  local out, d = {prev[1]}, 2
-  for i = 1, n do
+  local out, d = {prev[1]}, 3
+  for i = 1, prev[2] do
     if prev[d] == i then
       table.insert(out, prev[d + 1])
       table.insert(out, prev[d + 2])
@@ -58,7 +71,7 @@ if prev then
   return out
 end
 local now = now_ms(ARGV[2])
-local kept = {now}
+local kept = {now, 0}
 
 -- Read before the first LPUSH only: most calls store delayed jobs alone.
 local was_empty = nil
@@ -66,7 +79,10 @@ local head_due = backlog_head(prefix, k_index)
 local pushed, earliest, stored, delayed = 0, nil, 0, 0
 local memo = {}  -- backlog_add's bucket of the last due time (includes/record.lua)
 local out = {now}
+local taken = 0
 for i = 0, n - 1 do
+  if i % 4 == 0 and i > 0 and clock_us() - started >= budget_us then break end
+  taken = i + 1
   local j = jobs[i + 1]
   local id, ttl = j[1], j[4]
   local ikey = j[12]
@@ -121,6 +137,7 @@ for i = 0, n - 1 do
     table.insert(out, 0)
   end
 end
+backlog_flush(memo)
 if stored > 0 then redis.call('HINCRBY', k_stats, 'enqueued', stored) end
 -- One counter update per call, not per job.
 if delayed > 0 then redis.call('HINCRBY', k_stats, 'backlog', delayed) end
@@ -128,5 +145,6 @@ if pushed > 0 and was_empty then redis.call('SPUBLISH', channel, prefix .. ' rea
 if earliest and (head_due == nil or earliest < head_due) then
   redis.call('SPUBLISH', channel, prefix .. ' due ' .. string.format('%d', earliest))
 end
+kept[2] = taken
 if stored > 0 then replay_hput(field, kept) end
 return out

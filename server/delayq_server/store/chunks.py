@@ -7,7 +7,8 @@ then a split: 100 jobs with 100 due times spread over 30 days held Redis 2.4-2.6
 per call with 0.3-1M jobs in place, against 0.5-0.8 ms for 25 such jobs and 1.4-1.7 ms
 for 100 jobs of one due time (`make bench-enqueue-calls`, docs/decisions.md,
 "enqueue calls bounded by due times"). So a call takes at most ENQUEUE_CHUNK jobs
-and at most ENQUEUE_DUE_TIMES due times.
+and at most ENQUEUE_DUE_TIMES due times, and the script itself stops at
+ENQUEUE_BUDGET_US of Redis time.
 """
 
 from __future__ import annotations
@@ -25,6 +26,16 @@ C = TypeVar("C")
 # 500 jobs per call took 7-20 ms of Redis time (issue 11).
 ENQUEUE_CHUNK = 100
 ENQUEUE_DUE_TIMES = 25
+# What the cut above cannot foresee is where due times land: 100 jobs of one delay
+# in the middle of existing buckets split them on the batch's first call, which took
+# 1.3-2.6 ms against 0.7-1.0 for the calls after it. So enqueue.lua also stops at this
+# much of Redis' own time since the call began (µs, checked every 4 jobs; what is left
+# after the check, the deferred ZADD and the reply, adds ~0.3 ms) and the caller sends
+# the rest in a next call. 1,200 cut 1 call in 10 of one-delay batches beside a 1M
+# backlog and brought their slowest call per 40 from 1.93 to 1.52 ms (median of 30
+# rounds; p90 2.52 -> 1.74); 1,000 cut the batched producer's calls in a slow hour and
+# cost it throughput (docs/decisions.md, 2026-11-26).
+ENQUEUE_BUDGET_US = 1_200
 # Calls of one batch in flight at once: each holds a pooled Redis connection, and
 # each connection costs Redis ~20 kB of buffers. 40 at once (1,000 spread jobs)
 # added 7 B per job to `make bench`'s 100,000-job memory figure; 10 is what a

@@ -21,6 +21,7 @@ from redis.commands.core import AsyncScript
 from delayq_server.store import records, scripts
 from delayq_server.store.backlog import BacklogDue, backlog_due
 from delayq_server.store.chunks import (
+    ENQUEUE_BUDGET_US,
     enqueue_chunks,
     fixed_chunks,
     in_chunks,
@@ -225,6 +226,7 @@ class Store:
         }
         self._shards: dict[tuple[str, str], int] = {}
         self._widths: dict[tuple[str, str], int] = {}
+        self.enqueue_budget_us = ENQUEUE_BUDGET_US  # enqueue.lua's Redis time per call
         # Request ids: unique per call across replicas and restarts.
         self._rq_prefix = os.urandom(6).hex() + "."
         self._rq_seq = itertools.count(1)
@@ -391,6 +393,25 @@ class Store:
         request_key: str,
         chunk_no: int,
     ) -> tuple[list[EnqueueResult], int]:
+        """One chunk, in as many calls as enqueue.lua's time budget needs (one
+        mostly): a call that stopped short is followed by one for the rest."""
+        results, now = await self._enqueue_call(keys, jobs, now_ms, request_key, f"{chunk_no}")
+        while len(results) < len(jobs):
+            done = len(results)
+            more, now = await self._enqueue_call(
+                keys, jobs[done:], now_ms, request_key, f"{chunk_no}.{done}"
+            )
+            results += more
+        return results, now
+
+    async def _enqueue_call(
+        self,
+        keys: ShardKeys,
+        jobs: Sequence[JobSpec],
+        now_ms: int | None,
+        request_key: str,
+        field: str,
+    ) -> tuple[list[EnqueueResult], int]:
         packed = msgpack.packb(
             [
                 [
@@ -414,11 +435,12 @@ class Store:
         args: list[Any] = [
             keys.prefix,
             _now_arg(now_ms),
-            chunk_no,
+            field,
             self.idempotency_window_ms,
             shard_channel(keys),
             len(jobs),
             packed,
+            self.enqueue_budget_us,
         ]
         out = await self._run(
             "enqueue", [keys.index, keys.ready, keys.stats, keys.expiring], args, request_key
@@ -430,7 +452,8 @@ class Store:
             EnqueueResult(_s(out[i]), int(out[i + 1]), True)
             if out[i + 2] == 1
             else EnqueueResult(j.job_id, int(out[i + 1]), False)
-            for i, j in zip(range(1, len(out), 3), jobs, strict=True)
+            # The call may have stored the first jobs only (its time budget).
+            for i, j in zip(range(1, len(out), 3), jobs[: (len(out) - 1) // 3], strict=True)
         ]
         return results, now
 

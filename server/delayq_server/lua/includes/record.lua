@@ -125,17 +125,35 @@ end
 
 -- Puts an id in the backlog. `memo` (a table, one per script call, optional)
 -- remembers the bucket the last due time went to and its size: jobs enqueued
--- with one delay in one call share their due ms, and each then costs one ZADD
--- instead of a bucket lookup, a ZCARD and, once the bucket is full of that one
--- due time and cannot split, three split probes (issue 12: Redis time per job).
+-- with one delay in one call share their due ms, and each then costs no bucket
+-- lookup, no ZCARD and, once the bucket is full of that one due time and cannot
+-- split, no split probes (issue 12: Redis time per job). Their ids wait in
+-- memo.pend and go into the bucket in one ZADD (backlog_flush): a ZADD per id
+-- was ~1.3 µs of an enqueued job's ~10 (docs/decisions.md, 2026-11-26). The
+-- caller flushes before it returns; backlog_add flushes before anything that
+-- reads a bucket (a lookup, a split).
 -- Scores go as integer strings: Redis formats a Lua number with "%.17g".
+local function backlog_flush(memo)
+  if memo and memo.pend and #memo.pend > 0 then
+    -- At most 2 x 1,000 arguments (a call's jobs): within unpack's stack limit.
+    redis.call('ZADD', memo.bkey, unpack(memo.pend))
+    memo.pend = {}
+  end
+end
+
 local function backlog_add(prefix, index, id, due, memo)
-  local due_s = string.format('%d', due)
   local start, bkey, n, uniform
   if memo and memo.due == due then
     start, bkey, uniform = memo.start, memo.bkey, memo.uniform
-    n = memo.n + redis.call('ZADD', bkey, due_s, id)
+    local pend = memo.pend
+    pend[#pend + 1] = memo.due_s
+    pend[#pend + 1] = id
+    -- Ids are new, so each adds one (a re-used id only splits a bucket early).
+    n = memo.n + 1
+    if n > BUCKET_CAP and not uniform then backlog_flush(memo) end
   else
+    backlog_flush(memo)
+    local due_s = string.format('%d', due)
     start = bucket_of(index, due)
     if not start then
       -- Due before every bucket: the first bucket moves its start down when it
@@ -152,6 +170,7 @@ local function backlog_add(prefix, index, id, due, memo)
     redis.call('ZADD', bkey, due_s, id)
     n = redis.call('ZCARD', bkey)
     uniform = false
+    if memo then memo.due_s, memo.pend = due_s, memo.pend or {} end
   end
   local split = false
   -- A bucket that failed to split holds one due time only; more of that due
