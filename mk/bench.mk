@@ -105,6 +105,12 @@ bench-unary: deps
 bench-enqueue-calls: deps
 	$(PY) -m bench.enqueue_calls $(BENCH_ARGS)
 
+# Issue 12: this tree's enqueue.lua against another commit's (BENCH_ARGS="--base REV"),
+# in one Redis, taking turns round by round.
+.PHONY: bench-enqueue-ab
+bench-enqueue-ab: deps
+	$(PY) -m bench.enqueue_script_ab $(BENCH_ARGS)
+
 # Issue 12: client CPU per Redis script call through redis-py's pools and QuickPool.
 .PHONY: bench-pool
 bench-pool: deps
