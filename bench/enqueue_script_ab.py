@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import re
 import statistics
 import subprocess
 import tempfile
@@ -35,7 +34,6 @@ from delayq_server.store import ShardKeys, Store, scripts
 
 ROOT = Path(__file__).resolve().parent.parent
 LUA = "server/delayq_server/lua"
-_INCLUDE = re.compile(r"^-- @include (\w+)$", re.MULTILINE)
 BATCHES = 4  # per version, shape and round
 
 
@@ -48,10 +46,7 @@ def source_at(rev: str) -> str:
             cwd=ROOT, check=True, capture_output=True, text=True,
         ).stdout  # fmt: skip
 
-    def expand(text: str) -> str:
-        return _INCLUDE.sub(lambda m: expand(read(f"includes/{m.group(1)}.lua")), text)
-
-    return expand(read("enqueue.lua")).replace("@REPLAY_TTL_MS@", str(scripts.REPLAY_TTL_MS))
+    return scripts.expand(read("enqueue.lua"), read)
 
 
 async def run(args: argparse.Namespace) -> None:

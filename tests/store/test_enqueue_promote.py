@@ -239,6 +239,19 @@ async def test_redis_time_is_the_default_clock(store: Store, shard: Shard) -> No
     assert abs(now - redis_now) < 1_000 and r.due_ms == now
 
 
+async def test_an_enqueue_call_reads_redis_time_once(quiet_redis: Any) -> None:
+    """The time budget's start is also the call's "now": one TIME per call, as before
+    the budget (a unary Enqueue is one call of one job)."""
+    store = Store(quiet_redis, completed_retention_ms=0)
+    shard = Shard(store)
+    await store.enqueue(shard.keys, [spec(delay_ms=5_000)])  # scripts warm
+    await store.redis.config_resetstat()
+    (r,), now = await store.enqueue(shard.keys, [spec(delay_ms=5_000)])
+    stats = await store.redis.info("commandstats")
+    assert int(stats["cmdstat_time"]["calls"]) == 1
+    assert r.due_ms == now + 5_000
+
+
 def _counting_enqueue_calls(store: Store, budget_us: int = 60_000_000) -> list[int]:
     """Jobs per enqueue script call (ARGV[6]), recorded as the calls go out. The
     script's Redis time budget is set out of reach (a loaded machine would otherwise

@@ -36,14 +36,10 @@ local k_index, k_ready, k_stats, k_exp = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local prefix = ARGV[1]
 local field, idem_window, channel, n = ARGV[3], tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6])
 local budget_us = tonumber(ARGV[8])
-local function clock_us()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-local started = clock_us()
 -- @include record
 -- @include events
 -- @include replay
+local started = clock_us()  -- the budget's start, and "now" unless the caller set it
 local jobs = cmsgpack.unpack(ARGV[7])
 
 local function due_of(j, now)
@@ -70,14 +66,14 @@ if prev then
   end
   return out
 end
-local now = now_ms(ARGV[2])
+local now = now_ms(ARGV[2], started)
 local kept = {now, 0}
 
 -- Read before the first LPUSH only: most calls store delayed jobs alone.
 local was_empty = nil
 local head_due = backlog_head(prefix, k_index)
 local pushed, earliest, stored, delayed = 0, nil, 0, 0
-local memo = {}  -- backlog_add's bucket of the last due time (includes/record.lua)
+local memo = {pend = {}}  -- backlog_add's bucket of the last due time (includes/record.lua)
 local out = {now}
 local taken = 0
 for i = 0, n - 1 do

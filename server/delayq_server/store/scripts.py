@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from functools import cache
 from importlib import resources
 
@@ -85,9 +86,11 @@ def _read(relative: str) -> str:
     return resources.files("delayq_server").joinpath("lua", relative).read_text("utf-8")
 
 
-def _expand(text: str) -> str:
+def expand(text: str, read: Callable[[str], str] = _read) -> str:
+    """``text`` with its includes inlined, each read by ``read`` (a path under lua/;
+    bench/enqueue_script_ab.py reads another commit's)."""
     # Includes may include others (record -> clock); each is a small fixed file.
-    text = _INCLUDE.sub(lambda m: _expand(_read(f"includes/{m.group(1)}.lua")), text)
+    text = _INCLUDE.sub(lambda m: expand(read(f"includes/{m.group(1)}.lua"), read), text)
     return text.replace("@REPLAY_TTL_MS@", str(REPLAY_TTL_MS))
 
 
@@ -101,4 +104,4 @@ def source(name: str) -> str:
     text = _read(f"{name}.lua")
     if name in REPLAYED and name not in SELF_GUARDED:
         text = _GUARD.format(body=text)
-    return _expand(text)
+    return expand(text)

@@ -123,7 +123,7 @@ local function bucket_split(prefix, index, start, bkey, n, due)
   return true
 end
 
--- Puts an id in the backlog. `memo` (a table, one per script call, optional)
+-- Puts an id in the backlog. `memo` ({pend = {}}, one per script call, optional)
 -- remembers the bucket the last due time went to and its size: jobs enqueued
 -- with one delay in one call share their due ms, and each then costs no bucket
 -- lookup, no ZCARD and, once the bucket is full of that one due time and cannot
@@ -134,7 +134,7 @@ end
 -- reads a bucket (a lookup, a split).
 -- Scores go as integer strings: Redis formats a Lua number with "%.17g".
 local function backlog_flush(memo)
-  if memo and memo.pend and #memo.pend > 0 then
+  if memo and #memo.pend > 0 then
     -- At most 2 x 1,000 arguments (a call's jobs): within unpack's stack limit.
     redis.call('ZADD', memo.bkey, unpack(memo.pend))
     memo.pend = {}
@@ -170,7 +170,7 @@ local function backlog_add(prefix, index, id, due, memo)
     redis.call('ZADD', bkey, due_s, id)
     n = redis.call('ZCARD', bkey)
     uniform = false
-    if memo then memo.due_s, memo.pend = due_s, memo.pend or {} end
+    if memo then memo.due_s = due_s end
   end
   local split = false
   -- A bucket that failed to split holds one due time only; more of that due
