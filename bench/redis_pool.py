@@ -3,9 +3,9 @@
 `python -m bench.redis_pool` starts a fresh redis-server and times sequential EVALSHA
 calls of a one-line script (the shape of a claim or an Ack) through
 BlockingConnectionPool (what the server used before), ConnectionPool, and QuickPool
-(delayq_server/redis_client.py), interleaved in rounds under uvloop as the server
-runs. It prints the median over rounds of the client's CPU and wall time per call.
-Issue 12; docs/decisions.md has the figures.
+(delayq_server/redis_client.py) with redis-py's write and with its own, interleaved in
+rounds under uvloop as the server runs. It prints the median over rounds of the
+client's CPU and wall time per call. Issue 12; docs/decisions.md has the figures.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import redis.asyncio as aioredis
 import uvloop
@@ -22,9 +23,21 @@ import uvloop
 from delayq_server.managed_redis import ManagedRedis
 from delayq_server.redis_client import POOL_SIZE, QuickPool
 
+
+class QuickPoolRedisPyWrite(QuickPool):
+    """QuickPool with redis-py's own write (a Task per command for its timeout), as
+    before the quick write (redis_client.py, `_QuickWrite`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # quick_connection_class(base) is a subclass of (_QuickWrite, base).
+        self.connection_class = self.connection_class.__bases__[-1]
+
+
 POOLS: dict[str, type[aioredis.ConnectionPool]] = {
     "BlockingConnectionPool": aioredis.BlockingConnectionPool,
     "ConnectionPool": aioredis.ConnectionPool,
+    "QuickPool, redis-py's write": QuickPoolRedisPyWrite,
     "QuickPool": QuickPool,
 }
 

@@ -143,9 +143,12 @@ async def drive(target: str, args: argparse.Namespace) -> tuple[list[float], dic
 def _spy(pid: int, out: str) -> subprocess.Popen[bytes]:
     # BENCH_NATIVE=1: C frames too (gRPC core, uvloop); py-spy then has to pause the process.
     native = ["--native"] if os.environ.get("BENCH_NATIVE") else ["--nonblocking"]
+    # BENCH_GIL=1: only the thread holding the GIL (py-spy counts a thread the kernel
+    # descheduled inside a syscall as busy, e.g. a socket write that woke Redis).
+    gil = ["--gil"] if os.environ.get("BENCH_GIL") else []
     return subprocess.Popen(
         [str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(pid),
-         "--rate", "250", *native, "--format", "raw", "--output", out],
+         "--rate", "250", *native, *gil, "--format", "raw", "--output", out],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
 

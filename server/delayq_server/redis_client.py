@@ -8,10 +8,13 @@ script by its first key. Every script's keys share one shard's hash tag
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Iterable
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -31,6 +34,65 @@ CONNECT_TIMEOUT_S = 2.0
 assert RETRIES * (BACKOFF_CAP_S + CONNECT_TIMEOUT_S) * 1000 < REPLAY_TTL_MS / 2
 
 
+class _QuickWrite(AbstractConnection):
+    """Writes a command at once; waits for the socket, bounded, only when it is full.
+
+    redis-py bounds every write with ``asyncio.wait_for(..., socket_timeout)``, which
+    on Python 3.11 makes a Task per command: ~26 us of a ~120 us script call's CPU
+    (issue 12: `make bench-pool`). A write lands in the transport's buffer without
+    waiting unless Redis stopped reading and the buffer passed its high-water mark,
+    so only then is there anything to bound. A failed or timed-out write drops the
+    connection and raises what redis-py's own write raises (its retry policy handles
+    both); connecting, health checks and reads stay redis-py's.
+    """
+
+    async def send_packed_command(
+        self, command: bytes | str | Iterable[bytes], check_health: bool = True
+    ) -> None:
+        writer = self._writer
+        if (
+            writer is None
+            or self._reader is None
+            or (
+                check_health
+                and self.health_check_interval
+                and asyncio.get_running_loop().time() > self.next_health_check
+            )
+        ):
+            await super().send_packed_command(command, check_health)
+            return
+        if isinstance(command, str):
+            command = command.encode()
+        if isinstance(command, bytes):
+            command = [command]
+        try:
+            writer.writelines(command)
+            if writer.transport.get_write_buffer_size():
+                async with asyncio.timeout(self.socket_timeout):
+                    await writer.drain()
+            else:
+                await writer.drain()  # raises at once if the connection was lost
+        except TimeoutError:
+            await self.disconnect(nowait=True)
+            raise RedisTimeoutError("Timeout writing to socket") from None
+        except OSError as e:
+            await self.disconnect(nowait=True)
+            raise RedisConnectionError(f"Error while writing to socket: {e}") from e
+        except BaseException:
+            await self.disconnect(nowait=True)
+            raise
+
+
+_QUICK: dict[type[AbstractConnection], type[AbstractConnection]] = {}
+
+
+def quick_connection_class(base: type[AbstractConnection]) -> type[AbstractConnection]:
+    """``base`` (TCP, TLS or Unix socket, as the URL chose) with `_QuickWrite`'s write."""
+    if base not in _QUICK:
+        _QUICK[base] = type(f"Quick{base.__name__}", (_QuickWrite, base), {})
+    return _QUICK[base]
+
+
 class QuickPool(aioredis.BlockingConnectionPool):
     """A BlockingConnectionPool whose uncontended take and release are plain list moves.
 
@@ -48,6 +110,7 @@ class QuickPool(aioredis.BlockingConnectionPool):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.connection_class = quick_connection_class(self.connection_class)
         self._waiting = 0  # callers inside the blocking pool's get_connection
 
     async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
