@@ -3,7 +3,7 @@
 `python -m bench.redis_pool` starts a fresh redis-server and times sequential EVALSHA
 calls of a one-line script (the shape of a claim or an Ack) through
 BlockingConnectionPool (what the server used before), ConnectionPool, and QuickPool
-(delayq_server/redis_client.py) with redis-py's write and with its own, interleaved in
+(delayq_server/redis_client.py) with redis-py's packer and write and with its own, interleaved in
 rounds under uvloop as the server runs. It prints the median over rounds of the
 client's CPU and wall time per call. Issue 12; docs/decisions.md has the figures.
 """
@@ -25,7 +25,7 @@ from delayq_server.redis_client import POOL_SIZE, QuickPool
 
 
 class QuickPoolRedisPyWrite(QuickPool):
-    """QuickPool with redis-py's own write (a Task per command for its timeout), as
+    """QuickPool with redis-py's own packer and write (a Task per command for its timeout), as
     before the quick write (redis_client.py, `_QuickWrite`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -37,7 +37,7 @@ class QuickPoolRedisPyWrite(QuickPool):
 POOLS: dict[str, type[aioredis.ConnectionPool]] = {
     "BlockingConnectionPool": aioredis.BlockingConnectionPool,
     "ConnectionPool": aioredis.ConnectionPool,
-    "QuickPool, redis-py's write": QuickPoolRedisPyWrite,
+    "QuickPool, redis-py's packer and write": QuickPoolRedisPyWrite,
     "QuickPool": QuickPool,
 }
 

@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import Iterable
 from typing import Any
 
+import hiredis
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import AbstractConnection
@@ -35,7 +36,14 @@ assert RETRIES * (BACKOFF_CAP_S + CONNECT_TIMEOUT_S) * 1000 < REPLAY_TTL_MS / 2
 
 
 class _QuickWrite(AbstractConnection):
-    """Writes a command at once; waits for the socket, bounded, only when it is full.
+    """Packs a command in C and writes it at once; waits for the socket, bounded, only
+    when it is full.
+
+    redis-py's asyncio connection packs commands in Python: 17.6 us for an enqueue
+    call's 17 arguments, against 2.4 us with ``hiredis.pack_command``, the packer its
+    blocking client uses (the bytes are the same for every type both take). What
+    hiredis refuses (bool, None, bytearray) goes through redis-py's packer, which
+    raises its DataError or packs it.
 
     redis-py bounds every write with ``asyncio.wait_for(..., socket_timeout)``, which
     on Python 3.11 makes a Task per command: ~26 us of a ~120 us script call's CPU
@@ -45,6 +53,21 @@ class _QuickWrite(AbstractConnection):
     connection and raises what redis-py's own write raises (its retry policy handles
     both); connecting, health checks and reads stay redis-py's.
     """
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        first = args[0]
+        if isinstance(first, str) and " " not in first and self._utf8:
+            try:
+                return [hiredis.pack_command(args)]
+            except TypeError:
+                pass
+        return super().pack_command(*args)
+
+    @property
+    def _utf8(self) -> bool:
+        """hiredis encodes str as UTF-8, redis-py as its encoder says (UTF-8 unless set)."""
+        encoding: str = self.encoder.encoding
+        return encoding.replace("-", "").lower() == "utf8"
 
     async def send_packed_command(
         self, command: bytes | str | Iterable[bytes], check_health: bool = True

@@ -14,8 +14,10 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import hiredis
 import pytest
 import redis.asyncio as aioredis
+from redis.exceptions import DataError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from delayq_server.managed_redis import ManagedRedis
@@ -210,3 +212,48 @@ async def test_a_write_redis_does_not_take_times_out(tmp_path: Path) -> None:
             assert await client.ping()  # a new connection serves the next command
         finally:
             await client.aclose()
+
+
+async def test_commands_are_packed_by_hiredis(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """redis-py's asyncio connection packs commands in Python (~17.6 us for an enqueue
+    call's 17 arguments, against 2.4 us in hiredis, which its blocking client uses).
+    The server's connections pack with hiredis, and the bytes on the wire stay
+    redis-py's for every argument type it takes."""
+    packed = 0
+    pack = hiredis.pack_command
+
+    def counting_pack(args: tuple[Any, ...]) -> bytes:
+        nonlocal packed
+        packed += 1
+        packed_bytes: bytes = pack(args)
+        return packed_bytes
+
+    client = connect(redis_url)
+    assert isinstance(client, aioredis.Redis)
+    try:
+        await client.ping()  # connects (its handshake is packed too)
+        monkeypatch.setattr(hiredis, "pack_command", counting_pack)
+        values: list[Any] = [b"\x00bytes", "héllo", 7, -(2**70), 0.1, 1e20, memoryview(b"mv")]
+        for i, value in enumerate(values):
+            await client.set(f"packed-{i}", value)
+        assert packed == len(values)
+        got = await client.mget([f"packed-{i}" for i in range(len(values))])
+        assert got == [b"\x00bytes", "héllo".encode(), b"7", b"-1180591620717411303424",
+                       b"0.1", b"1e+20", b"mv"]  # fmt: skip
+        # What hiredis refuses still goes through redis-py's packer and its errors.
+        with pytest.raises(DataError, match="Invalid input of type: 'bool'"):
+            await client.set("packed-bool", True)
+        await client.set("packed-bytearray", bytearray(b"ba"))
+        assert await client.get("packed-bytearray") == b"ba"
+        conn = await client.connection_pool.get_connection()  # type: ignore[no-untyped-call]
+        try:  # a command name with a space is split, as redis-py does
+            assert conn.pack_command("CONFIG GET", "maxmemory") == [
+                b"*3\r\n$6\r\nCONFIG\r\n$3\r\nGET\r\n$9\r\nmaxmemory\r\n"
+            ]
+        finally:
+            await client.connection_pool.release(conn)
+    finally:
+        await client.delete(*(f"packed-{i}" for i in range(7)), "packed-bytearray")
+        await client.aclose()
