@@ -1,10 +1,11 @@
 """Client CPU per Redis script call through redis-py's pools and the server's QuickPool.
 
 `python -m bench.redis_pool` starts a fresh redis-server and times sequential EVALSHA
-calls of a one-line script (the shape of a claim or an Ack) through
-BlockingConnectionPool (what the server used before), ConnectionPool, and QuickPool
-(delayq_server/redis_client.py) with redis-py's packer and write and with its own, interleaved in
-rounds under uvloop as the server runs. It prints the median over rounds of the
+calls of a one-line script, with nothing to pack and with a 25-job enqueue call's keys
+and arguments, through BlockingConnectionPool (what the server used before),
+ConnectionPool, QuickPool (delayq_server/redis_client.py) with redis-py's packer and
+write and with its own, and run_script (how the server sends its scripts), interleaved
+in rounds under uvloop as the server runs. It prints the median over rounds of the
 client's CPU and wall time per call. Issue 12; docs/decisions.md has the figures.
 """
 
@@ -21,7 +22,7 @@ import redis.asyncio as aioredis
 import uvloop
 
 from delayq_server.managed_redis import ManagedRedis
-from delayq_server.redis_client import POOL_SIZE, QuickPool
+from delayq_server.redis_client import POOL_SIZE, QuickPool, run_script
 
 
 class QuickPoolRedisPyWrite(QuickPool):
@@ -34,27 +35,49 @@ class QuickPoolRedisPyWrite(QuickPool):
         self.connection_class = self.connection_class.__bases__[-1]
 
 
-POOLS: dict[str, type[aioredis.ConnectionPool]] = {
-    "BlockingConnectionPool": aioredis.BlockingConnectionPool,
-    "ConnectionPool": aioredis.ConnectionPool,
-    "QuickPool, redis-py's packer and write": QuickPoolRedisPyWrite,
-    "QuickPool": QuickPool,
+# name -> (pool class, whether the call goes through run_script instead of evalsha)
+VARIANTS: dict[str, tuple[type[aioredis.ConnectionPool], bool]] = {
+    "BlockingConnectionPool": (aioredis.BlockingConnectionPool, False),
+    "ConnectionPool": (aioredis.ConnectionPool, False),
+    "QuickPool, redis-py's packer and write": (QuickPoolRedisPyWrite, False),
+    "QuickPool": (QuickPool, False),
+    "QuickPool, run_script (the server's scripts)": (QuickPool, True),
 }
+
+# Script call shapes: (keys, args). "enqueue" is a 25-job enqueue call's (5 keys, a 4 kB
+# jobs blob); "bare" a call with nothing to pack.
+SHAPES: dict[str, tuple[list[str], list[Any]]] = {
+    "bare": ([], []),
+    "enqueue": (
+        [f"dq:{{default/q/0}}:{k}" for k in ("idx", "ready", "stats", "exp", "rq:ab.1")],
+        ["dq:{default/q/0}:", "", "1", 86_400_000, "dq:{default/q/0}:ch", 25, b"x" * 4000,
+         1200, 0],
+    ),
+}  # fmt: skip
 
 
 async def _calls(
-    pool_class: type[aioredis.ConnectionPool], url: str, n: int
+    variant: tuple[type[aioredis.ConnectionPool], bool], shape: str, url: str, n: int
 ) -> tuple[float, float]:
     """(CPU us, wall us) per call over `n` sequential calls, after a warm-up."""
+    pool_class, direct = variant
+    keys, argv = SHAPES[shape]
     pool = pool_class.from_url(url, max_connections=POOL_SIZE, health_check_interval=30)
     client = aioredis.Redis.from_pool(pool)
+    script = client.register_script("return 1")
+    sha = await client.script_load("return 1")
+
+    async def one() -> Any:
+        if direct:
+            return await run_script(client, script, keys, argv)
+        return await client.evalsha(sha, len(keys), *keys, *argv)
+
     try:
-        sha = await client.script_load("return 1")
         for _ in range(500):
-            await client.evalsha(sha, 0)
+            await one()
         cpu, wall = time.process_time(), time.perf_counter()
         for _ in range(n):
-            await client.evalsha(sha, 0)
+            await one()
         return (time.process_time() - cpu) / n * 1e6, (time.perf_counter() - wall) / n * 1e6
     finally:
         await client.aclose()
@@ -62,20 +85,24 @@ async def _calls(
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--calls", type=int, default=10_000, help="calls per pool per round")
+    p.add_argument("--calls", type=int, default=10_000, help="calls per variant per round")
     p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args()
-    figures: dict[str, list[tuple[float, float]]] = {name: [] for name in POOLS}
+    figures: dict[tuple[str, str], list[tuple[float, float]]] = {
+        (shape, name): [] for shape in SHAPES for name in VARIANTS
+    }
     with tempfile.TemporaryDirectory() as tmp, ManagedRedis(Path(tmp), appendonly=False) as r:
         for _ in range(args.rounds):
-            for name, cls in POOLS.items():
-                figures[name].append(uvloop.run(_calls(cls, r.url, args.calls)))
-    print("| pool | client CPU us/call | wall us/call |")
-    print("|---|---|---|")
-    for name, runs in figures.items():
+            for shape, name in figures:
+                figures[shape, name].append(
+                    uvloop.run(_calls(VARIANTS[name], shape, r.url, args.calls))
+                )
+    print("| call shape | pool | client CPU us/call | wall us/call |")
+    print("|---|---|---|---|")
+    for (shape, name), runs in figures.items():
         cpu = statistics.median(c for c, _ in runs)
         wall = statistics.median(w for _, w in runs)
-        print(f"| {name} | {cpu:.1f} | {wall:.1f} |")
+        print(f"| {shape} | {name} | {cpu:.1f} | {wall:.1f} |")
 
 
 if __name__ == "__main__":

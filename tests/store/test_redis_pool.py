@@ -9,6 +9,7 @@ redis-server.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 from pathlib import Path
@@ -17,11 +18,11 @@ from typing import Any
 import hiredis
 import pytest
 import redis.asyncio as aioredis
-from redis.exceptions import DataError
+from redis.exceptions import DataError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from delayq_server.managed_redis import ManagedRedis
-from delayq_server.redis_client import QuickPool, connect
+from delayq_server.redis_client import QuickPool, connect, run_script
 
 
 async def test_the_server_client_uses_the_quick_pool(redis_url: str) -> None:
@@ -256,4 +257,104 @@ async def test_commands_are_packed_by_hiredis(
             await client.connection_pool.release(conn)
     finally:
         await client.delete(*(f"packed-{i}" for i in range(7)), "packed-bytearray")
+        await client.aclose()
+
+
+class _CommandCounter:
+    """Counts calls of redis-py's command layer (Redis.execute_command)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls = 0
+        execute = aioredis.Redis.execute_command
+
+        async def counting(client: aioredis.Redis, *args: Any, **options: Any) -> Any:
+            self.calls += 1
+            return await execute(client, *args, **options)  # type: ignore[no-untyped-call]
+
+        monkeypatch.setattr(aioredis.Redis, "execute_command", counting)
+
+
+async def test_a_script_call_skips_redis_pys_command_layer(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scripts are the server's hot calls. redis-py's command layer (retry wrapper,
+    metrics, response parsing options) costs ~14 us of a ~43 us call; run_script
+    sends EVALSHA on a pooled connection itself and leaves the rest to that layer."""
+    client = connect(redis_url)
+    assert isinstance(client, aioredis.Redis)
+    script = client.register_script("return {KEYS[1], ARGV[1], tonumber(ARGV[2]) + 1}")
+    try:
+        assert await run_script(client, script, ["k"], ["a", 1]) == [b"k", b"a", 2]
+        counter = _CommandCounter(monkeypatch)
+        for i in range(20):
+            assert await run_script(client, script, ["k"], ["a", i]) == [b"k", b"a", i + 1]
+        assert counter.calls == 0
+        # A script's own error is the caller's, as through redis-py.
+        failing = client.register_script("return redis.error_reply('boom')")
+        with pytest.raises(ResponseError, match="boom"):
+            await run_script(client, failing, [], [])
+    finally:
+        await client.aclose()
+
+
+async def test_a_script_redis_forgot_is_loaded_again(redis_url: str) -> None:
+    """After SCRIPT FLUSH (a restarted Redis) the call goes through redis-py's script
+    object, which loads it and sends it again."""
+    client = connect(redis_url)
+    assert isinstance(client, aioredis.Redis)
+    script = client.register_script("return 'forgotten ' .. ARGV[1]")
+    try:
+        assert await run_script(client, script, [], ["once"]) == b"forgotten once"
+        await client.script_flush()
+        assert await run_script(client, script, [], ["twice"]) == b"forgotten twice"
+    finally:
+        await client.aclose()
+
+
+async def test_a_script_on_a_killed_connection_is_sent_again(redis_url: str) -> None:
+    """CLIENT KILL closes the pooled connection; the script is sent again through
+    redis-py's retry policy on a new one (scripts are replay-safe)."""
+    client = connect(redis_url)
+    assert isinstance(client, aioredis.Redis)
+    script = client.register_script("return redis.call('INCR', KEYS[1])")
+    try:
+        await client.delete("pool-test-incr")
+        assert await run_script(client, script, ["pool-test-incr"], []) == 1
+        await client.client_setname("quick-script-victim")
+        victim = next(
+            c["id"] for c in await client.client_list() if c["name"] == "quick-script-victim"
+        )
+        killer = aioredis.Redis.from_url(redis_url)
+        try:
+            await killer.client_kill_filter(_id=victim)
+        finally:
+            await killer.aclose()
+        assert await run_script(client, script, ["pool-test-incr"], []) == 2
+    finally:
+        await client.delete("pool-test-incr")
+        await client.aclose()
+
+
+async def test_a_cancelled_script_leaves_no_reply_behind(redis_url: str) -> None:
+    """A script call cancelled while Redis runs it must not leave its reply on the
+    pooled connection for the next script to read."""
+    pool = QuickPool.from_url(redis_url, max_connections=1, timeout=20)
+    client = aioredis.Redis.from_pool(pool)
+    # Busy for ~30 ms of Redis' clock (TIME advances within a script on Redis 7).
+    slow = client.register_script(
+        "local t = redis.call('TIME') local start = t[1] * 1e6 + t[2] "
+        "repeat t = redis.call('TIME') until t[1] * 1e6 + t[2] - start > 30000 "
+        "return 'slow'"
+    )
+    echo = client.register_script("return ARGV[1]")
+    try:
+        await slow.__call__(keys=[], args=[])  # loaded
+        for i in range(5):
+            task = asyncio.ensure_future(run_script(client, slow, [], []))
+            await asyncio.sleep(0.01)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            assert await run_script(client, echo, [], [f"e{i}"]) == f"e{i}".encode()
+    finally:
         await client.aclose()

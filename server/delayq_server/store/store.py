@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 import msgpack
 from redis.commands.core import AsyncScript
 
+from delayq_server import redis_client
+from delayq_server.redis_client import run_script
 from delayq_server.store import records, scripts
 from delayq_server.store.backlog import BacklogDue, backlog_due
 from delayq_server.store.chunks import (
@@ -58,6 +60,12 @@ RELEASE_CHUNK = 100
 EXPIRE_LIMIT = 200
 # Jobs per enqueue script call: store/chunks.py.
 SCRIPTS_IN_FLIGHT = 48  # below the 64 connections per Redis node (redis_client.py)
+# A script the client re-sends (redis_client.py: retries on a dropped connection) must
+# still find its first run's reply (lua/includes/replay.lua).
+assert (
+    redis_client.RETRIES * (redis_client.BACKOFF_CAP_S + redis_client.CONNECT_TIMEOUT_S) * 1000
+    < scripts.REPLAY_TTL_MS / 2
+)
 
 
 T = TypeVar("T")
@@ -283,13 +291,14 @@ class Store:
             prefix = args[0]
             assert isinstance(prefix, str) and prefix.startswith("dq:{"), prefix
             keys = [*keys, request_key or self._request_key(prefix)]
+        script = self._scripts[name]
         async with self._in_flight:
             if self.observe is None:
-                return await self._scripts[name](keys=list(keys), args=argv)
+                return await run_script(self.redis, script, keys, argv)
             # Timed inside the gate: the script's round trip, not the wait for a slot.
             started = time.perf_counter()
             try:
-                return await self._scripts[name](keys=list(keys), args=argv)
+                return await run_script(self.redis, script, keys, argv)
             finally:
                 self.observe(name, started)
 
