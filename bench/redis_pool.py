@@ -31,7 +31,7 @@ class QuickPoolRedisPyWrite(QuickPool):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        # quick_connection_class(base) is a subclass of (_QuickWrite, base).
+        # QuickPool's connection class is a subclass of (_QuickWrite, the URL's class).
         self.connection_class = self.connection_class.__bases__[-1]
 
 

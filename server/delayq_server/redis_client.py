@@ -53,36 +53,29 @@ class _QuickWrite(AbstractConnection):
     both); connecting, health checks and reads stay redis-py's.
     """
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # hiredis encodes str as UTF-8; redis-py as its encoder says (UTF-8 unless set).
+        self._hiredis_packs = self.encoder.encoding.replace("-", "").lower() == "utf8"
+
     def pack_command(self, *args: Any) -> list[bytes]:
         first = args[0]
-        if isinstance(first, str) and " " not in first and self._utf8:
+        if self._hiredis_packs and isinstance(first, str) and " " not in first:
             try:
                 return [hiredis.pack_command(args)]
             except TypeError:
                 pass
         return super().pack_command(*args)
 
-    @property
-    def _utf8(self) -> bool:
-        """hiredis encodes str as UTF-8, redis-py as its encoder says (UTF-8 unless set)."""
-        encoding: str = self.encoder.encoding
-        return encoding.replace("-", "").lower() == "utf8"
-
     async def send_packed_command(
         self, command: bytes | str | Iterable[bytes], check_health: bool = True
     ) -> None:
         writer = self._writer
-        if (
-            writer is None
-            or self._reader is None
-            or (
-                check_health
-                and self.health_check_interval
-                and asyncio.get_running_loop().time() > self.next_health_check
-            )
-        ):
+        if writer is None or self._reader is None:  # redis-py connects first
             await super().send_packed_command(command, check_health)
             return
+        if check_health:
+            await self.check_health()  # type: ignore[no-untyped-call]  # PING when due
         if isinstance(command, str):
             command = command.encode()
         if isinstance(command, bytes):
@@ -105,16 +98,6 @@ class _QuickWrite(AbstractConnection):
             raise
 
 
-_QUICK: dict[type[AbstractConnection], type[AbstractConnection]] = {}
-
-
-def quick_connection_class(base: type[AbstractConnection]) -> type[AbstractConnection]:
-    """``base`` (TCP, TLS or Unix socket, as the URL chose) with `_QuickWrite`'s write."""
-    if base not in _QUICK:
-        _QUICK[base] = type(f"Quick{base.__name__}", (_QuickWrite, base), {})
-    return _QUICK[base]
-
-
 class QuickPool(aioredis.BlockingConnectionPool):
     """A BlockingConnectionPool whose uncontended take and release are plain list moves.
 
@@ -132,7 +115,9 @@ class QuickPool(aioredis.BlockingConnectionPool):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.connection_class = quick_connection_class(self.connection_class)
+        # The URL's connection class (TCP, TLS or Unix socket) with _QuickWrite's methods.
+        base = self.connection_class
+        self.connection_class = type(f"Quick{base.__name__}", (_QuickWrite, base), {})
         self._waiting = 0  # callers inside the blocking pool's get_connection
 
     async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
@@ -174,7 +159,7 @@ async def run_script(
     it always takes the script object's path.
     """
     pool = getattr(client, "connection_pool", None)
-    if not isinstance(pool, QuickPool) or script.sha is None:
+    if not isinstance(pool, QuickPool):
         return await script(keys=keys, args=args)
     conn = await pool.get_connection()
     try:

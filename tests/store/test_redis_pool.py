@@ -103,20 +103,25 @@ async def test_a_waiter_is_woken_by_a_quick_release(redis_url: str) -> None:
         await client.aclose()
 
 
+async def _kill_pooled_connection(client: aioredis.Redis, redis_url: str) -> None:
+    """CLIENT KILL, from another client, of the connection `client` uses next (its
+    pool hands out the connection it was given back last)."""
+    await client.client_setname("quick-pool-victim")
+    victim = next(c["id"] for c in await client.client_list() if c["name"] == "quick-pool-victim")
+    killer = aioredis.Redis.from_url(redis_url)
+    try:
+        await killer.client_kill_filter(_id=victim)
+    finally:
+        await killer.aclose()
+
+
 async def test_a_connection_redis_closed_is_replaced(redis_url: str) -> None:
     """CLIENT KILL closes the pooled connection inside Redis; the next call is answered
     (the retry policy reconnects) rather than failing."""
     client = connect(redis_url)
+    assert isinstance(client, aioredis.Redis)
     try:
-        await client.client_setname("quick-pool-victim")
-        victim = next(
-            c["id"] for c in await client.client_list() if c["name"] == "quick-pool-victim"
-        )
-        killer = aioredis.Redis.from_url(redis_url)
-        try:
-            await killer.client_kill_filter(_id=victim)
-        finally:
-            await killer.aclose()
+        await _kill_pooled_connection(client, redis_url)
         assert await client.ping()
         assert await client.set("pool-test-after-kill", b"1")
         assert await client.get("pool-test-after-kill") == b"1"
@@ -320,15 +325,7 @@ async def test_a_script_on_a_killed_connection_is_sent_again(redis_url: str) -> 
     try:
         await client.delete("pool-test-incr")
         assert await run_script(client, script, ["pool-test-incr"], []) == 1
-        await client.client_setname("quick-script-victim")
-        victim = next(
-            c["id"] for c in await client.client_list() if c["name"] == "quick-script-victim"
-        )
-        killer = aioredis.Redis.from_url(redis_url)
-        try:
-            await killer.client_kill_filter(_id=victim)
-        finally:
-            await killer.aclose()
+        await _kill_pooled_connection(client, redis_url)
         assert await run_script(client, script, ["pool-test-incr"], []) == 2
     finally:
         await client.delete("pool-test-incr")
@@ -356,5 +353,23 @@ async def test_a_cancelled_script_leaves_no_reply_behind(redis_url: str) -> None
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             assert await run_script(client, echo, [], [f"e{i}"]) == f"e{i}".encode()
+    finally:
+        await client.aclose()
+
+
+async def test_an_idle_connection_is_checked_before_its_next_command(
+    quiet_redis_url: str,
+) -> None:
+    """The quick write keeps redis-py's health check: a connection idle past
+    `health_check_interval` sends a PING before its next command."""
+    pool = QuickPool.from_url(quiet_redis_url, max_connections=1, health_check_interval=0.05)
+    client = aioredis.Redis.from_pool(pool)
+    try:
+        await client.set("pool-test-health", b"1")
+        await client.config_resetstat()
+        await asyncio.sleep(0.2)
+        assert await client.get("pool-test-health") == b"1"
+        stats = await client.info("commandstats")
+        assert int(stats["cmdstat_ping"]["calls"]) == 1
     finally:
         await client.aclose()
