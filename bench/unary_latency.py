@@ -5,7 +5,10 @@ grpc.aio servers (same server options and event loop as delayq): one answers at 
 after one Redis round trip (EVALSHA of a one-line script, as enqueue's single script call).
 It then times sequential calls (concurrency 1) from a grpc.aio client and from a blocking
 grpc client against each, interleaved in rounds, and prints p50 per pair plus each
-server's CPU per call (from /proc). Issue 12; docs/decisions.md has the figures.
+server's CPU per call (from /proc). The bare echo and the delayq server also run a second
+time kept on one CPU (`--cpu-affinity auto`: every thread of the process on the first CPU
+this one may use; server/delayq_server/cpu_affinity.py). Issue 12; docs/decisions.md has
+the figures.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -32,6 +36,36 @@ from tests.support.servers import DelayqProcess, ManagedRedis
 
 TICK = os.sysconf("SC_CLK_TCK")
 METHOD = "/delayq.v1.DelayQueueService/Enqueue"
+PINNED = ", --cpu-affinity auto"
+
+
+def _ping_pong(cpus: tuple[int, int], n: int = 20_000) -> float:
+    """µs per round trip of two threads waking each other through pipes, each kept on
+    its CPU of `cpus`: what one hand-off between grpc's threads costs, twice."""
+    r1, w1 = os.pipe()
+    r2, w2 = os.pipe()
+
+    def echo() -> None:
+        os.sched_setaffinity(0, {cpus[1]})  # 0: the calling thread
+        for _ in range(n):
+            os.read(r1, 1)
+            os.write(w2, b"x")
+
+    mask = os.sched_getaffinity(0)
+    thread = threading.Thread(target=echo)
+    thread.start()
+    os.sched_setaffinity(0, {cpus[0]})
+    try:
+        start = time.perf_counter()
+        for _ in range(n):
+            os.write(w1, b"x")
+            os.read(r2, 1)
+        return (time.perf_counter() - start) / n * 1e6
+    finally:
+        os.sched_setaffinity(0, mask)
+        thread.join()
+        for fd in (r1, w1, r2, w2):
+            os.close(fd)
 
 
 def _request() -> service_pb2.EnqueueRequest:
@@ -119,10 +153,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--serve", choices=["echo", "redis"], help=argparse.SUPPRESS)
     p.add_argument("--redis-url", help=argparse.SUPPRESS)
+    p.add_argument("--cpu-affinity", default="off", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.serve:
         import uvloop
 
+        from delayq_server import cpu_affinity
+
+        cpu_affinity.pin(args.cpu_affinity)
         uvloop.run(_serve(args.serve, args.redis_url))
         return
 
@@ -132,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="unary-latency-")))
         redis = stack.enter_context(ManagedRedis(workdir / "redis", appendonly=False))
         servers: dict[str, tuple[int, int]] = {}  # name -> (pid, port)
-        for kind in ("echo", "redis"):
+        for kind, affinity in (("echo", "off"), ("echo", "auto"), ("redis", "off")):
             proc, port = _start(
                 [
                     sys.executable,
@@ -142,13 +180,21 @@ def main(argv: list[str] | None = None) -> None:
                     kind,
                     "--redis-url",
                     redis.url,
+                    "--cpu-affinity",
+                    affinity,
                 ]
             )
             stack.callback(stop, proc)
-            servers[f"bare {kind}"] = (proc.pid, port)
-        delayq = stack.enter_context(DelayqProcess(redis.url, ["--log-level", "WARNING"]))
-        assert delayq.proc is not None
-        servers["delayq"] = (delayq.proc.pid, int(delayq.address.rsplit(":", 1)[1]))
+            servers[f"bare {kind}" + PINNED * (affinity == "auto")] = (proc.pid, port)
+        for affinity in ("off", "auto"):
+            delayq = stack.enter_context(
+                DelayqProcess(redis.url, ["--log-level", "WARNING", "--cpu-affinity", affinity])
+            )
+            assert delayq.proc is not None
+            servers["delayq" + PINNED * (affinity == "auto")] = (
+                delayq.proc.pid,
+                int(delayq.address.rsplit(":", 1)[1]),
+            )
         clients: dict[str, Callable[[int], list[float]]] = {
             "aio": lambda port: asyncio.run(_aio_calls(port, args.calls, channel_options())),
             "sync": lambda port: _sync_calls(port, args.calls, channel_options()),
@@ -163,6 +209,13 @@ def main(argv: list[str] | None = None) -> None:
                     used = ((cpu_ticks(pid) or 0) - before) / TICK
                     p50s.setdefault((name, cname), []).append(statistics.median(lat))
                     cpu.setdefault(name, []).append(used / (args.calls + 20) * 1e6)
+        allowed = sorted(os.sched_getaffinity(0))
+        pairs = {"one CPU": (allowed[0], allowed[0])}
+        if len(allowed) > 1:
+            pairs["two CPUs"] = (allowed[0], allowed[1])
+        for name, pair in pairs.items():
+            rounds = [_ping_pong(pair) for _ in range(3)]
+            print(f"thread ping-pong on {name}: {statistics.median(rounds):.1f} us per round trip")
         print("| server | client | p50 ms (median of rounds) | server CPU us/call |")
         print("|---|---|---|---|")
         for (name, cname), values in p50s.items():

@@ -18,7 +18,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from delayq_server import config, logs
+from delayq_server import config, cpu_affinity, logs
 from delayq_server.app import App, StartupError
 from delayq_server.managed_redis import ManagedRedis
 
@@ -72,6 +72,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             from delayq_server.workers import Supervisor
 
             sys.exit(Supervisor(cfg, argv, url).run())
+        # After the managed redis-server started: it would inherit the mask.
+        cpu_affinity.pin(cfg.cpu_affinity)
         import uvloop
 
         uvloop.run(serve(cfg, url))

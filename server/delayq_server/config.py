@@ -10,6 +10,7 @@ from dataclasses import dataclass, fields
 from typing import NoReturn
 from urllib.parse import parse_qsl, urlsplit
 
+from delayq_server import cpu_affinity
 from delayq_server.durations import parse_ms, parse_signed_ms
 
 
@@ -59,6 +60,7 @@ class Config:
     record_events: bool = False  # lifecycle events to per-shard streams (store/lifecycle.py)
     events_maxlen: int = 1_000_000  # per shard stream, approximate (MAXLEN ~)
     workers: int = 1  # server processes sharing the port (workers.py)
+    cpu_affinity: str = "off"  # off, auto or CPUs: one CPU per server process (cpu_affinity.py)
     reuse_port: bool = False  # set by the supervisor for its workers only
     push_config: str | None = None  # JSON push targets: set, this process pushes (push/)
     push: bool = False  # push queues whose admin settings hold a target (implied by push_config)
@@ -133,6 +135,11 @@ _FLAGS: dict[str, tuple[str, Callable[[str], object] | None, str]] = {
     "max_message_bytes": ("DELAYQ_MAX_MESSAGE_BYTES", int, "largest gRPC message"),
     "events_maxlen": ("DELAYQ_EVENTS_MAXLEN", int, "entries kept per shard's events stream"),
     "workers": ("DELAYQ_WORKERS", int, "server processes sharing the port (1 to 64)"),
+    "cpu_affinity": (
+        "DELAYQ_CPU_AFFINITY",
+        str,
+        "keep each server process on one CPU: off (default), auto, or CPUs such as 2,3",
+    ),
     "push_config": (
         "DELAYQ_PUSH_CONFIG",
         str,
@@ -288,6 +295,10 @@ def check(cfg: Config) -> None:
         raise ConfigError("--tls-cert, --tls-key: give both together")
     if cfg.tls_client_ca and not cfg.tls_cert:
         raise ConfigError("--tls-client-ca: mutual TLS needs --tls-cert and --tls-key")
+    try:
+        cpu_affinity.cpus(cfg.cpu_affinity)
+    except cpu_affinity.AffinityError as exc:
+        raise ConfigError(f"--cpu-affinity: {exc}") from None
     if cfg.tls_client_roles and not cfg.tls_client_ca:
         raise ConfigError("--tls-client-roles: needs --tls-client-ca (client certificates)")
 

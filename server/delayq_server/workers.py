@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
-from delayq_server import config
+from delayq_server import config, cpu_affinity
 from delayq_server.managed_redis import _die_with_parent, free_port
 
 log = logging.getLogger("delayq.workers")
@@ -79,6 +79,8 @@ class Supervisor:
                 "delayq_server",
                 *self.argv,
                 *self.http_listen(i),
+                "--cpu-affinity",
+                cpu_affinity.for_worker(self.cfg.cpu_affinity, i),
                 "--workers",
                 "1",
             ],
