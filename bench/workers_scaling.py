@@ -1,4 +1,5 @@
-"""Unary Enqueue calls/s with `--workers 1` and `--workers 2` (`make bench-workers`, issue 12).
+"""Unary Enqueue calls/s with `--workers 1` and `--workers 2` (`make bench-workers`, issue 12),
+each also with `--cpu-affinity auto` (every server process kept on a CPU of its own).
 
 One grpc.aio client keeps `--concurrency` unary Enqueue calls in flight, spread over
 `--channels` channels that each open their own connection (the kernel hands each new
@@ -28,7 +29,8 @@ from bench.harness.profiles import TICK, cpu_ticks
 from delayq.v1 import service_pb2_grpc
 from tests.support.servers import DelayqProcess, ManagedRedis
 
-SETTINGS = [(1, 4), (2, 4), (2, 1)]  # (workers, client channels)
+# (workers, client channels, --cpu-affinity)
+SETTINGS = [(1, 4, "off"), (2, 4, "off"), (2, 1, "off"), (1, 4, "auto"), (2, 4, "auto")]
 
 
 def _server_ticks(supervisor: int) -> int:
@@ -68,11 +70,14 @@ async def _load(address: str, channels: int, concurrency: int, calls: int) -> fl
     return seconds
 
 
-def one_round(workers: int, channels: int, args: argparse.Namespace) -> dict[str, float]:
+def one_round(
+    workers: int, channels: int, affinity: str, args: argparse.Namespace
+) -> dict[str, float]:
+    flags = ["--workers", str(workers), "--cpu-affinity", affinity]
     with (
         tempfile.TemporaryDirectory(prefix="delayq-workers-") as tmp,
         ManagedRedis(Path(tmp), appendonly=False) as rds,
-        DelayqProcess(rds.url, ["--workers", str(workers)] if workers > 1 else []) as server,
+        DelayqProcess(rds.url, flags) as server,
     ):
         assert server.proc is not None
         asyncio.run(_load(server.address, channels, args.concurrency, args.calls // 10))  # warm
@@ -92,27 +97,30 @@ def main() -> None:
     p.add_argument("--calls", type=int, default=10_000, help="measured calls per round")
     p.add_argument("--concurrency", type=int, default=50, help="calls in flight")
     args = p.parse_args()
-    runs: dict[tuple[int, int], list[dict[str, float]]] = {s: [] for s in SETTINGS}
+    runs: dict[tuple[int, int, str], list[dict[str, float]]] = {s: [] for s in SETTINGS}
     for r in range(args.rounds):
         k = r % len(SETTINGS)
-        for workers, channels in SETTINGS[k:] + SETTINGS[:k]:
-            res = one_round(workers, channels, args)
-            runs[workers, channels].append(res)
+        for workers, channels, affinity in SETTINGS[k:] + SETTINGS[:k]:
+            res = one_round(workers, channels, affinity, args)
+            runs[workers, channels, affinity].append(res)
             print(
-                f"round {r + 1}: --workers {workers}, {channels} channel(s): "
+                f"round {r + 1}: --workers {workers} --cpu-affinity {affinity}, "
+                f"{channels} channel(s): "
                 f"{res['rate']:,.0f} calls/s, server {res['server_us']:.0f} µs/call, "
                 f"client {res['client_us']:.0f} µs/call",
                 flush=True,
             )
     print(f"\nunary Enqueue, {args.concurrency} in flight, medians of {args.rounds} rounds")
     print(
-        "| server processes | client channels | calls/s | server CPU µs/call | client CPU µs/call |"
+        "| server processes | --cpu-affinity | client channels | calls/s | server CPU µs/call "
+        "| client CPU µs/call |"
     )
-    print("|---|---|---|---|---|")
-    for (workers, channels), rs in runs.items():
+    print("|---|---|---|---|---|---|")
+    for (workers, channels, affinity), rs in runs.items():
         med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
         print(
-            f"| {workers} | {channels} | {med['rate']:,.0f} | {med['server_us']:.0f} | "
+            f"| {workers} | {affinity} | {channels} | {med['rate']:,.0f} | "
+            f"{med['server_us']:.0f} | "
             f"{med['client_us']:.0f} |"
         )
 
