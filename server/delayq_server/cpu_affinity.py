@@ -7,13 +7,15 @@ expensive, as in the microVM the benchmark runs on, those hand-offs cost more th
 call's own work: a thread ping-pong there takes ~100 µs per round trip across CPUs and
 ~10 µs on one CPU. Kept on one CPU, a bare grpc.aio echo server spent ~30% less CPU per
 call and answered ~0.15 ms sooner (docs/decisions.md, "one CPU per server process").
-The process loses little by it: its Python runs under one GIL anyway.
+A busy server can lose by it: its grpc threads' C work (framing, reads, writes) no
+longer runs beside the event loop on another CPU, and the benchmark's drain was slower.
 
-Off by default. A fixed CPU is a surprise wherever the CPUs a process may use are not
-its own: a container limited by a CPU quota but not a cpuset sees every CPU of the host,
-and every such server would crowd onto the same one. Operators who give the server its
-CPUs turn it on: `auto` spreads the server processes (`--workers`) over the CPUs this
-process may use, one CPU each; a list (`2`, `2,3`, `0-3`) names them.
+Off by default, for that and because a fixed CPU is a surprise wherever the CPUs a
+process may use are not its own: a container limited by a CPU quota but not a cpuset
+sees every CPU of the host, and every such server would crowd onto the same one.
+Operators who give the server its CPUs turn it on: `auto` spreads the server processes
+(`--workers`) over the CPUs this process may use, one CPU each; a list (`2`, `2,3`,
+`0-3`) names them.
 """
 
 from __future__ import annotations
