@@ -332,7 +332,7 @@ class App:
             log.warning(
                 "auth is OFF: any client that reaches %s may use every namespace "
                 "(start with --auth or DELAYQ_AUTH=1 outside local development)",
-                self.cfg.listen,
+                f"{self.cfg.listen.rsplit(':', 1)[0]}:{self.port}",  # port 0: the one bound
             )
         await self.server.start()
         if self.pusher is not None:

@@ -185,9 +185,11 @@ def test_first_start_without_a_file_prints_one_admin_token_once(
         assert not any("admin token" in line for line in second.output)
 
 
-def test_auth_off_logs_a_warning(redis_url: str) -> None:
-    with DelayqProcess(redis_url) as proc:
+def test_auth_off_logs_a_warning_naming_the_bound_address(redis_url: str) -> None:
+    with DelayqProcess(redis_url) as proc:  # started on port 0: the kernel picks one
         wait_until(lambda: any("auth is OFF" in line for line in proc.output))
+        line = next(x for x in proc.output if "auth is OFF" in x)
+        assert f"any client that reaches {proc.address} may use" in line, line
 
 
 def test_python_client_token_and_env(
