@@ -8,7 +8,8 @@ call's own work: a thread ping-pong there takes ~100 µs per round trip across C
 ~10 µs on one CPU. Kept on one CPU, a bare grpc.aio echo server spent ~30% less CPU per
 call and answered ~0.15 ms sooner (docs/decisions.md, "one CPU per server process").
 A busy server can lose by it: its grpc threads' C work (framing, reads, writes) no
-longer runs beside the event loop on another CPU, and the benchmark's drain was slower.
+longer runs beside the event loop on another CPU (the benchmark's drain was slower in
+one set of runs and not in the next).
 
 Off by default, for that and because a fixed CPU is a surprise wherever the CPUs a
 process may use are not its own: a container limited by a CPU quota but not a cpuset
