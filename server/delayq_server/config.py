@@ -295,12 +295,12 @@ def check(cfg: Config) -> None:
         raise ConfigError("--tls-cert, --tls-key: give both together")
     if cfg.tls_client_ca and not cfg.tls_cert:
         raise ConfigError("--tls-client-ca: mutual TLS needs --tls-cert and --tls-key")
+    if cfg.tls_client_roles and not cfg.tls_client_ca:
+        raise ConfigError("--tls-client-roles: needs --tls-client-ca (client certificates)")
     try:
         cpu_affinity.cpus(cfg.cpu_affinity)
     except cpu_affinity.AffinityError as exc:
         raise ConfigError(f"--cpu-affinity: {exc}") from None
-    if cfg.tls_client_roles and not cfg.tls_client_ca:
-        raise ConfigError("--tls-client-roles: needs --tls-client-ca (client certificates)")
 
 
 def load(argv: Sequence[str] | None = None, env: dict[str, str] | None = None) -> Config:
