@@ -144,6 +144,19 @@ func TestGrpcurlEnqueueConsumeAck(t *testing.T) {
 		t.Errorf("traceparent = %q", tp)
 	}
 
+	// Query by the job id while the stream holds the lease (the README's Query step).
+	query := grpcurl(t, "-d", fmt.Sprintf(`{"queue": %q, "job_id": %q}`, queue, enq.JobID), addr, service+"/Query")
+	var q struct {
+		Job struct {
+			ID       string `json:"id"`
+			State    string `json:"state"`
+			Attempts int    `json:"attempts"`
+		} `json:"job"`
+	}
+	if err := json.Unmarshal([]byte(query), &q); err != nil || q.Job.ID != enq.JobID || q.Job.State != "JOB_STATE_LEASED" || q.Job.Attempts != 1 {
+		t.Fatalf("Query printed %q: %v", query, err)
+	}
+
 	// Ack with the lease token from the delivery.
 	ack := grpcurl(t, "-d", fmt.Sprintf(`{"lease_tokens": [%q]}`, got[0].LeaseToken), addr, service+"/Ack")
 	var ackRes struct {
