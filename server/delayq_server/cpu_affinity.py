@@ -84,20 +84,18 @@ def for_worker(spec: str, index: int) -> str:
     return str(listed[index % len(listed)]) if listed else OFF
 
 
-def pin(spec: str) -> int | None:
+def pin(spec: str) -> None:
     """Keeps every thread of this process, and so every thread it starts later (they
-    inherit their creator's mask), on the first CPU `spec` names. Returns that CPU, or
-    None when `spec` is off.
+    inherit their creator's mask), on the first CPU `spec` names; nothing when off.
 
     Linux's sched_setaffinity(0) moves only the calling thread: threads that already
     run (grpc's, at import) are moved one by one.
     """
     listed = cpus(spec)
     if not listed:
-        return None
+        return
     cpu = listed[0]
     for tid in os.listdir("/proc/self/task"):
         with contextlib.suppress(ProcessLookupError):  # a thread that ended since
             os.sched_setaffinity(int(tid), {cpu})
     log.info("server threads kept on CPU %d (--cpu-affinity)", cpu)
-    return cpu
