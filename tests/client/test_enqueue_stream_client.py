@@ -15,7 +15,7 @@ from grpc import aio
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
-from delayq import AsyncClient, Batching, UnavailableError
+from delayq import AsyncClient, Batching, DelayqError, UnavailableError
 from delayq._channel import channel_options
 from delayq._enqueue_stream import ACCEPTED_KEY, EnqueueStream
 from delayq.v1 import service_pb2, service_pb2_grpc
@@ -213,6 +213,27 @@ async def test_a_server_without_enqueue_stream_gets_unary_calls(target: str) -> 
             assert calls.calls[f"/{SERVICE}/EnqueueBatch"] == 1
             assert calls.calls[f"/{SERVICE}/Enqueue"] == 1
             assert (await client.stats("old")).enqueued_total == 11  # stored once each
+    finally:
+        await channel.close(None)
+        await proxy.stop()
+
+
+async def test_a_stream_the_server_does_not_serve_is_never_opened_again(target: str) -> None:
+    # The twin of the blocking client's test: after UNIMPLEMENTED, send() answers
+    # the refusal again instead of opening a second stream.
+    proxy = Proxy(target, stream=False)
+    await proxy.start()
+    calls = Calls()
+    channel = aio.insecure_channel(proxy.address, interceptors=calls.interceptors)
+    try:
+        async with AsyncClient(channel=channel) as client:
+            await client.enqueue("old2", 0)
+            stream = client._stream
+            assert stream is not None and stream.unsupported
+            with pytest.raises(DelayqError) as refused:
+                await stream.send([], timeout=5.0)
+            assert refused.value.code == grpc.StatusCode.UNIMPLEMENTED
+            assert calls.calls[STREAM] == 1
     finally:
         await channel.close(None)
         await proxy.stop()

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import grpc
 import pytest
 
-from delayq import Batching, Client, UnavailableError
+from delayq import Batching, Client, DelayqError, UnavailableError
 from tests.client.test_batching import BATCH, ENQUEUE, STREAM, SyncCounter
 from tests.client.test_enqueue_stream_client import Proxy
 from tests.support.servers import wait_until
@@ -88,6 +88,23 @@ def test_a_server_without_enqueue_stream_gets_unary_calls(
         assert p.counter.calls[STREAM] == 1  # tried once, then calls only
         assert p.counter.calls[ENQUEUE] + p.counter.calls[BATCH] >= 2
         assert client.stats("sold").enqueued_total == 11  # stored once each
+
+
+def test_a_stream_the_server_does_not_serve_is_never_opened_again(
+    proxied: Callable[[bool], Proxied],
+) -> None:
+    # A sender that checked `unsupported` just before the reader set it reaches
+    # send() after the refusal (the batcher sends several batches at once): it must
+    # get the refusal again, not open a second stream (CI at 6b4f773 saw two).
+    p = proxied(False)
+    with Client(channel=p.channel, batching=Batching()) as client:
+        client.enqueue("sold2", 0)
+        stream = client._stream
+        assert stream is not None and stream.unsupported
+        with pytest.raises(DelayqError) as refused:
+            stream.send([], timeout=5.0)
+        assert refused.value.code == grpc.StatusCode.UNIMPLEMENTED
+        assert p.counter.calls[STREAM] == 1
 
 
 def test_a_broken_stream_fails_its_batch_and_the_next_batch_opens_a_new_one(

@@ -60,6 +60,7 @@ class EnqueueStream:
         self._readers: set[asyncio.Task[None]] = set()
         #: Set once the server answered UNIMPLEMENTED: it predates EnqueueStream.
         self.unsupported = False
+        self._refusal: DelayqError | None = None  # that answer, raised again by send()
 
     async def send(
         self, requests: list[service_pb2.EnqueueRequest], timeout: float
@@ -110,6 +111,10 @@ class EnqueueStream:
             st.waiting.pop(batch_id, None)
 
     def _stream(self) -> _Open:
+        if self._refusal is not None:
+            # A caller that saw `unsupported` still False can get here after the
+            # refusal (several batches are in flight at once): never reopen.
+            raise type(self._refusal)(self._refusal.message, self._refusal.code)
         st = self._open
         if st is None or st.error is not None:
             # No deadline: the stream lives as long as the client; each batch has its own.
@@ -151,6 +156,7 @@ class EnqueueStream:
             st.error = err
             st.ended.set()
             if err.code == grpc.StatusCode.UNIMPLEMENTED:
+                self._refusal = err
                 self.unsupported = True
             for fut in st.waiting.values():
                 if not fut.done():  # a copy per batch: one raised object, many tracebacks

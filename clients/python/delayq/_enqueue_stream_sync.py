@@ -64,6 +64,7 @@ class ThreadEnqueueStream:
         self._ids = itertools.count(1)
         #: Set once the server answered UNIMPLEMENTED: it predates EnqueueStream.
         self.unsupported = False
+        self._refusal: DelayqError | None = None  # that answer, raised again by send()
 
     def send(
         self, requests: list[service_pb2.EnqueueRequest], timeout: float
@@ -94,6 +95,10 @@ class ThreadEnqueueStream:
 
     def _stream(self) -> _Open:
         with self._lock:
+            if self._refusal is not None:
+                # A sender that saw `unsupported` still False can get here after the
+                # refusal (the batcher sends several batches at once): never reopen.
+                raise type(self._refusal)(self._refusal.message, self._refusal.code)
             st = self._open
             if st is None or st.error is not None:
                 st = self._open = _Open()
@@ -119,11 +124,14 @@ class ThreadEnqueueStream:
         finally:
             # grpc's thread that reads `st.requests` waits for a next message: release it.
             st.requests.put(_END)
+            if err.code == grpc.StatusCode.UNIMPLEMENTED:
+                # Before st.error: whoever sees the stream ended sees why.
+                with self._lock:
+                    self._refusal = err
+                self.unsupported = True
             with st.lock:
                 st.error = err
                 waiting = list(st.waiting.values())
-            if err.code == grpc.StatusCode.UNIMPLEMENTED:
-                self.unsupported = True
             for fut in waiting:
                 if not fut.done():  # a copy per batch: one raised object, many tracebacks
                     fut.set_exception(type(err)(err.message, err.code))
