@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -196,47 +197,45 @@ class Proxy:
         await self.channel.close(None)
 
 
-async def test_a_server_without_enqueue_stream_gets_unary_calls(target: str) -> None:
+@contextlib.asynccontextmanager
+async def unserved(target: str) -> AsyncIterator[tuple[aio.Channel, Calls]]:
+    """A counted channel to a proxy of the test's server that lacks EnqueueStream."""
     proxy = Proxy(target, stream=False)
     await proxy.start()
     calls = Calls()
     channel = aio.insecure_channel(proxy.address, interceptors=calls.interceptors)
     try:
-        async with AsyncClient(channel=channel) as client:
-            spy = sent(client)
-            first = await asyncio.gather(*(client.enqueue("old", i) for i in range(10)))
-            assert client._stream is not None and client._stream.unsupported
-            lone = await client.enqueue("old", 10)
-            assert len({r.job_id for r in [*first, lone]}) == 11
-            assert spy.sizes == [10]  # tried once, then calls only
-            assert calls.calls[STREAM] == 1
-            assert calls.calls[f"/{SERVICE}/EnqueueBatch"] == 1
-            assert calls.calls[f"/{SERVICE}/Enqueue"] == 1
-            assert (await client.stats("old")).enqueued_total == 11  # stored once each
+        yield channel, calls
     finally:
         await channel.close(None)
         await proxy.stop()
+
+
+async def test_a_server_without_enqueue_stream_gets_unary_calls(target: str) -> None:
+    async with unserved(target) as (channel, calls), AsyncClient(channel=channel) as client:
+        spy = sent(client)
+        first = await asyncio.gather(*(client.enqueue("old", i) for i in range(10)))
+        assert client._stream is not None and client._stream.unsupported
+        lone = await client.enqueue("old", 10)
+        assert len({r.job_id for r in [*first, lone]}) == 11
+        assert spy.sizes == [10]  # tried once, then calls only
+        assert calls.calls[STREAM] == 1
+        assert calls.calls[f"/{SERVICE}/EnqueueBatch"] == 1
+        assert calls.calls[f"/{SERVICE}/Enqueue"] == 1
+        assert (await client.stats("old")).enqueued_total == 11  # stored once each
 
 
 async def test_a_stream_the_server_does_not_serve_is_never_opened_again(target: str) -> None:
     # The twin of the blocking client's test: after UNIMPLEMENTED, send() answers
     # the refusal again instead of opening a second stream.
-    proxy = Proxy(target, stream=False)
-    await proxy.start()
-    calls = Calls()
-    channel = aio.insecure_channel(proxy.address, interceptors=calls.interceptors)
-    try:
-        async with AsyncClient(channel=channel) as client:
-            await client.enqueue("old2", 0)
-            stream = client._stream
-            assert stream is not None and stream.unsupported
-            with pytest.raises(DelayqError) as refused:
-                await stream.send([], timeout=5.0)
-            assert refused.value.code == grpc.StatusCode.UNIMPLEMENTED
-            assert calls.calls[STREAM] == 1
-    finally:
-        await channel.close(None)
-        await proxy.stop()
+    async with unserved(target) as (channel, calls), AsyncClient(channel=channel) as client:
+        await client.enqueue("old2", 0)
+        stream = client._stream
+        assert stream is not None and stream.unsupported
+        with pytest.raises(DelayqError) as refused:
+            await stream.send([], timeout=5.0)
+        assert refused.value.code == grpc.StatusCode.UNIMPLEMENTED
+        assert calls.calls[STREAM] == 1
 
 
 async def test_a_broken_stream_fails_its_batch_and_the_next_batch_opens_a_new_one(
