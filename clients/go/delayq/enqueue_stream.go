@@ -98,6 +98,11 @@ func (s *enqueueStream) send(ctx context.Context, reqs []*delayqv1.EnqueueReques
 func (s *enqueueStream) open() (*openStream, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	// A sender that saw `unsupported` still false can get here after the
+	// refusal (the batcher sends several batches at once): never reopen.
+	if s.unsupported.Load() {
+		return nil, errStreamUnsupported
+	}
 	if st := s.cur; st != nil {
 		select {
 		case <-st.done: // ended: open a new one

@@ -6,6 +6,7 @@ package delayq
 
 import (
 	"context"
+	"errors"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -154,5 +155,43 @@ func TestAStreamEndedUnderABatchFailsItAndTheNextBatchOpensAnother(t *testing.T)
 	b.close()
 	if fake.opened.Load() != 2 {
 		t.Fatalf("%d streams opened, want 2", fake.opened.Load())
+	}
+}
+
+// TestAStreamTheServerDoesNotServeIsNeverOpenedAgain: a sender that checked
+// `unsupported` just before the reader set it reaches send after the refusal
+// (the batcher sends several batches at once); it must get the refusal again,
+// not open a second stream (the Python client did, CI at 6b4f773).
+func TestAStreamTheServerDoesNotServeIsNeverOpenedAgain(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var opened atomic.Int64
+	srv := grpc.NewServer(grpc.StreamInterceptor(func(srv any, ss grpc.ServerStream,
+		_ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		opened.Add(1)
+		return handler(srv, ss)
+	}))
+	delayqv1.RegisterDelayQueueServiceServer(srv, &delayqv1.UnimplementedDelayQueueServiceServer{})
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cc.Close() })
+	s := &enqueueStream{rpc: delayqv1.NewDelayQueueServiceClient(cc)}
+	for i := range 3 {
+		if _, err := s.send(context.Background(), []*delayqv1.EnqueueRequest{job("q", "a")}); !errors.Is(err, errStreamUnsupported) {
+			t.Fatalf("send %d: %v, want errStreamUnsupported", i, err)
+		}
+	}
+	s.close()
+	if !s.unsupported.Load() {
+		t.Fatal("unsupported not set")
+	}
+	if n := opened.Load(); n != 1 {
+		t.Fatalf("%d streams opened, want 1", n)
 	}
 }

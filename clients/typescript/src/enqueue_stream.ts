@@ -82,6 +82,8 @@ export class EnqueueStream {
    * (one object per stream: copy it per caller), or a StreamUnsupportedError.
    */
   send(requests: EnqueueRequest[]): Promise<EnqueueStreamResponse> {
+    // Never reopen a stream the server refused as UNIMPLEMENTED (nothing was stored).
+    if (this.unsupported) return Promise.reject(new StreamUnsupportedError());
     const st = this.open();
     const batchId = ++this.ids;
     return new Promise<EnqueueStreamResponse>((resolve, reject) => {

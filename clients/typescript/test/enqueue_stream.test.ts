@@ -7,7 +7,7 @@ import { Code, ConnectError } from "@connectrpc/connect";
 
 import { Batcher } from "../src/batcher.js";
 import type { DelayQueueServiceClient } from "../src/client.js";
-import { EnqueueStream } from "../src/enqueue_stream.js";
+import { EnqueueStream, StreamUnsupportedError } from "../src/enqueue_stream.js";
 import {
   EnqueueBatchResponseSchema,
   EnqueueRequestSchema,
@@ -187,6 +187,20 @@ test("UNIMPLEMENTED turns the batcher to unary calls for good, the refused batch
   assert.deepEqual(fake.unary, [3, 1]); // EnqueueBatch, then a lone Enqueue
   await batcher.close();
   assert.equal(fake.opened, 1); // never tried again
+});
+
+test("a stream the server does not serve is never opened again by a later send", async () => {
+  // The batcher checks `unsupported` before it sends; send itself refuses too, as the
+  // Python and Go clients must (a sender there could pass the check just before the refusal).
+  const fake = streamService(async function* () {
+    throw new ConnectError("unknown method EnqueueStream", Code.Unimplemented);
+  });
+  const stream = new EnqueueStream(fake.service);
+  await assert.rejects(stream.send([job("q", "a")]), StreamUnsupportedError);
+  assert.equal(stream.unsupported, true);
+  await assert.rejects(stream.send([job("q", "b")]), StreamUnsupportedError);
+  await stream.close();
+  assert.equal(fake.opened, 1);
 });
 
 test("an aborted caller stops waiting; the rest of its batch is answered", async () => {
