@@ -71,13 +71,19 @@ func (s *scriptedStream) EnqueueStream(stream delayqv1.DelayQueueService_Enqueue
 
 func startScripted(t *testing.T) (*scriptedStream, delayqv1.DelayQueueServiceClient) {
 	t.Helper()
+	fake := &scriptedStream{held: make(chan struct{}, 1)}
+	return fake, serveFake(t, fake)
+}
+
+// serveFake serves `impl` in process (with the server options) and dials it.
+func serveFake(t *testing.T, impl delayqv1.DelayQueueServiceServer, opts ...grpc.ServerOption) delayqv1.DelayQueueServiceClient {
+	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	fake := &scriptedStream{held: make(chan struct{}, 1)}
-	srv := grpc.NewServer()
-	delayqv1.RegisterDelayQueueServiceServer(srv, fake)
+	srv := grpc.NewServer(opts...)
+	delayqv1.RegisterDelayQueueServiceServer(srv, impl)
 	go func() { _ = srv.Serve(lis) }()
 	t.Cleanup(srv.Stop)
 	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -85,7 +91,7 @@ func startScripted(t *testing.T) (*scriptedStream, delayqv1.DelayQueueServiceCli
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cc.Close() })
-	return fake, delayqv1.NewDelayQueueServiceClient(cc)
+	return delayqv1.NewDelayQueueServiceClient(cc)
 }
 
 func job(queue, id string) *delayqv1.EnqueueRequest {
@@ -163,25 +169,13 @@ func TestAStreamEndedUnderABatchFailsItAndTheNextBatchOpensAnother(t *testing.T)
 // (the batcher sends several batches at once); it must get the refusal again,
 // not open a second stream (the Python client did, CI at 6b4f773).
 func TestAStreamTheServerDoesNotServeIsNeverOpenedAgain(t *testing.T) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	var opened atomic.Int64
-	srv := grpc.NewServer(grpc.StreamInterceptor(func(srv any, ss grpc.ServerStream,
+	count := grpc.StreamInterceptor(func(srv any, ss grpc.ServerStream,
 		_ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 		opened.Add(1)
 		return handler(srv, ss)
-	}))
-	delayqv1.RegisterDelayQueueServiceServer(srv, &delayqv1.UnimplementedDelayQueueServiceServer{})
-	go func() { _ = srv.Serve(lis) }()
-	t.Cleanup(srv.Stop)
-	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cc.Close() })
-	s := &enqueueStream{rpc: delayqv1.NewDelayQueueServiceClient(cc)}
+	})
+	s := &enqueueStream{rpc: serveFake(t, &delayqv1.UnimplementedDelayQueueServiceServer{}, count)}
 	for i := range 3 {
 		if _, err := s.send(context.Background(), []*delayqv1.EnqueueRequest{job("q", "a")}); !errors.Is(err, errStreamUnsupported) {
 			t.Fatalf("send %d: %v, want errStreamUnsupported", i, err)
