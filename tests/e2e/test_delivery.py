@@ -131,13 +131,13 @@ def test_lease_expiry_redelivers_with_next_attempt_and_fences_the_old_token(
 
 def test_extend_lease_keeps_the_job(stub: Stub, queue: str) -> None:
     enqueue(stub, queue)
-    with Consumer(stub, [queue], lease_ms=1_000) as c:
+    with Consumer(stub, [queue], lease_ms=3_000) as c:  # extended before it runs out
         (d,) = c.take()
         resp = stub.ExtendLease(
             service_pb2.ExtendLeaseRequest(lease_token=d.lease_token, extension=ms(30_000))
         )
         assert _ts_ms(resp.lease_deadline) > _ts_ms(d.lease_deadline)
-        wait_until(lambda: time.time() * 1000 > _ts_ms(d.lease_deadline) + 1_200, timeout=5)
+        wait_until(lambda: time.time() * 1000 > _ts_ms(d.lease_deadline) + 1_200, timeout=15)
         assert c.received.empty()
         assert ack(stub, d.lease_token) == [service_pb2.ACK_RESULT_ACKED]
 

@@ -140,7 +140,7 @@ def test_deleting_a_leased_job_gives_its_stream_the_credit_back(stub: Stub, queu
         assert d.job.id == first
         stub.Delete(service_pb2.DeleteRequest(queue=queue, job_id=first))
         second = enqueue(stub, queue)
-        (d2,) = c.take(timeout=5)  # no ack was sent: the delete freed the slot
+        (d2,) = c.take(timeout=8)  # no ack was sent: the delete freed the slot (stall check: 10 s)
         assert d2.job.id == second
 
 

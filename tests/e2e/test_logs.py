@@ -52,7 +52,9 @@ def test_json_logs_carry_events_and_trace_ids_but_no_secrets(tmp_path: Path) -> 
                     queue="logged", payload=PAYLOAD, headers={"h": HEADER}, max_attempts=1
                 )
             )
-        with Consumer(stub, ["logged"], max_outstanding=2, lease_ms=1_000) as c:
+        with Consumer(
+            stub, ["logged"], max_outstanding=2, lease_ms=3_000
+        ) as c:  # nack first in time
             first, second = c.take(2)
             stub.Nack(
                 service_pb2.NackRequest(

@@ -106,7 +106,9 @@ async def _enqueue(
 
 async def test_one_ready_job_wakes_one_of_200_idle_streams(own_redis: ManagedRedis) -> None:
     client = redis.Redis.from_url(own_redis.url)
-    with DelayqProcess(own_redis.url) as server:
+    # No stream quota: the 200 streams' slot renewals (every 10 s, together) would
+    # land in the counted window on a machine slow enough to open them in ~9 s.
+    with DelayqProcess(own_redis.url, ["--quota-streams", "0"]) as server:
         async with (
             grpc.aio.insecure_channel(server.address) as ch,
             _open(server.address, "wake", 200) as streams,

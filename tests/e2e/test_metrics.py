@@ -70,7 +70,9 @@ def test_scripted_run_moves_every_counter(metrics_server: DelayqProcess, queue: 
         stub = service_pb2_grpc.DelayQueueServiceStub(ch)
         for _ in range(10):
             enqueue(stub, queue)
-        with Consumer(stub, [queue], max_outstanding=10, lease_ms=1_000) as c:
+        # 3 s leases: the acks and nacks below must land before any runs out, the
+        # tenth's is left to run out.
+        with Consumer(stub, [queue], max_outstanding=10, lease_ms=3_000) as c:
             ds = c.take(10)
             ack(stub, *(d.lease_token for d in ds[:7]))
             stub.Nack(

@@ -185,12 +185,13 @@ def test_a_timeout_is_a_failure_with_its_reason(
 
     with (
         Receiver(hang) as rx,
-        pushing(redis_server, tmp_path, [target(q, rx.url, timeout="500ms")]) as (_, stub),
+        # 2 s: the receiver (a thread of this process) records the hit before then.
+        pushing(redis_server, tmp_path, [target(q, rx.url, timeout="2s")]) as (_, stub),
     ):
         job_id = put(stub, q, max_attempts=1)
         wait_until(state_is(stub, q, job_id, job_pb2.JOB_STATE_DEAD), 30)
         job = query(stub, q, job_id)
-    assert job.last_error == "push: timeout after 0.5s"
+    assert job.last_error == "push: timeout after 2s"
     assert len(rx.hits) == 1
 
 

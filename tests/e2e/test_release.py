@@ -100,7 +100,7 @@ def test_with_a_grace_an_unsettled_lease_is_released_after_it_and_counted(
     job_id = enqueue(stub, queue)
     with Consumer(stub, [queue], release_grace_ms=1_500, lease_ms=600_000) as c:
         c.take()
-    closed = time.time()
+        closed = time.time()  # before the close: the grace starts when the server sees it
     with Consumer(stub, [queue]) as again:
         (d,) = again.take(timeout=20)
     arrived = time.time()
@@ -115,7 +115,7 @@ def test_without_a_grace_a_dropped_stream_s_job_is_redelivered_at_once(
     with Consumer(stub, [queue], lease_ms=600_000) as c:
         (d,) = c.take()
     with Consumer(stub, [queue], lease_ms=600_000) as again:
-        (redelivered,) = again.take(timeout=5)  # far below the 10-minute lease
+        (redelivered,) = again.take(timeout=8)  # below the 10 s stall check, the 10-min lease
     assert redelivered.job.id == job_id and redelivered.attempt == 2
     assert ack(stub, d.lease_token) == [service_pb2.ACK_RESULT_STALE]
 

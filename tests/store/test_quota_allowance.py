@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import redis.asyncio as aioredis
 
@@ -33,11 +34,15 @@ async def test_calls_that_find_the_allowance_empty_together_share_one_refill(
 
 async def test_the_rate_still_holds_for_concurrent_calls(aredis: aioredis.Redis) -> None:
     quotas = Quotas(QuotaStore(aredis), LIMITS, "srv")
+    start = time.monotonic()
     out = await asyncio.gather(
         *(quotas.enqueue("ns", 1) for _ in range(1_500)), return_exceptions=True
     )
+    elapsed = time.monotonic() - start
     admitted = sum(1 for r in out if r is None)
-    assert 1_000 <= admitted < 1_500  # the burst, plus what refilled meanwhile
+    # The burst, plus what refilled meanwhile (at 1,000/s; a chunk of slack), whatever
+    # the machine's speed.
+    assert 1_000 <= admitted <= 1_000 + 1_000 * elapsed + 50
     assert all(isinstance(r, QuotaExceeded) for r in out if r is not None)
 
 

@@ -1,8 +1,9 @@
 """A digest of everything a request could have written to Redis.
 
 Liveness keys are left out: replicas renew their heartbeat and timer ownership
-leases every second (server/delayq_server/timers/ownership.py), which is not a
-request writing anything.
+leases every second (server/delayq_server/timers/ownership.py), and every open
+Consume stream its quota slot every 10 s (the namespace's `:streams` set,
+server/delayq_server/quotas.py), which is not a request writing anything.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import hashlib
 import redis
 
 LIVENESS_KEYS = (b"dq:replicas",)
-LIVENESS_SUFFIXES = (b":owner",)
+LIVENESS_SUFFIXES = (b":owner", b":streams")
 
 
 def data_keys(client: redis.Redis) -> list[bytes]:
