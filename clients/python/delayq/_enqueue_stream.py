@@ -58,9 +58,13 @@ class EnqueueStream:
         self._open: _Open | None = None
         self._ids = itertools.count(1)
         self._readers: set[asyncio.Task[None]] = set()
-        #: Set once the server answered UNIMPLEMENTED: it predates EnqueueStream.
-        self.unsupported = False
-        self._refusal: DelayqError | None = None  # that answer, raised again by send()
+        # The server's UNIMPLEMENTED (it predates EnqueueStream), raised again by send().
+        self._refusal: DelayqError | None = None
+
+    @property
+    def unsupported(self) -> bool:
+        """Whether the server answered UNIMPLEMENTED: it predates EnqueueStream."""
+        return self._refusal is not None
 
     async def send(
         self, requests: list[service_pb2.EnqueueRequest], timeout: float
@@ -157,7 +161,6 @@ class EnqueueStream:
             st.ended.set()
             if err.code == grpc.StatusCode.UNIMPLEMENTED:
                 self._refusal = err
-                self.unsupported = True
             for fut in st.waiting.values():
                 if not fut.done():  # a copy per batch: one raised object, many tracebacks
                     fut.set_exception(type(err)(err.message, err.code))

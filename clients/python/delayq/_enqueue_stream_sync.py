@@ -62,9 +62,13 @@ class ThreadEnqueueStream:
         self._lock = threading.Lock()
         self._open: _Open | None = None
         self._ids = itertools.count(1)
-        #: Set once the server answered UNIMPLEMENTED: it predates EnqueueStream.
-        self.unsupported = False
-        self._refusal: DelayqError | None = None  # that answer, raised again by send()
+        # The server's UNIMPLEMENTED (it predates EnqueueStream), raised again by send().
+        self._refusal: DelayqError | None = None
+
+    @property
+    def unsupported(self) -> bool:
+        """Whether the server answered UNIMPLEMENTED: it predates EnqueueStream."""
+        return self._refusal is not None
 
     def send(
         self, requests: list[service_pb2.EnqueueRequest], timeout: float
@@ -125,10 +129,7 @@ class ThreadEnqueueStream:
             # grpc's thread that reads `st.requests` waits for a next message: release it.
             st.requests.put(_END)
             if err.code == grpc.StatusCode.UNIMPLEMENTED:
-                # Before st.error: whoever sees the stream ended sees why.
-                with self._lock:
-                    self._refusal = err
-                self.unsupported = True
+                self._refusal = err  # before st.error: whoever sees the end sees why
             with st.lock:
                 st.error = err
                 waiting = list(st.waiting.values())
