@@ -163,12 +163,25 @@ def _schedule(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from delayq_pipeline.export import export
+    import redis
+
+    from delayq_pipeline.export import export, ping
     from delayq_pipeline.session import SparkSettings, spark_session
+    from delayq_server.redis_client import safe_url
 
     if not args.redis_url:
         print("delayq-pipeline export: give --redis-url (or DELAYQ_REDIS_URL)", file=sys.stderr)
         return 2
+    try:  # before Spark starts: a wrong URL is the usual mistake, and a quick one to fix
+        ping(args.redis_url)
+    except redis.RedisError as exc:
+        print(
+            f"delayq-pipeline export: cannot use Redis at {safe_url(args.redis_url)}: {exc} "
+            "(give the server's --redis-url; `make run` logs its own as "
+            '"started managed redis-server at redis://...")',
+            file=sys.stderr,
+        )
+        return 1
     settings = _settings(args)
     assert isinstance(settings, SparkSettings)
     spark = spark_session(settings)

@@ -62,17 +62,23 @@ def start_worker(address: str, queues: list[str], seed: int = 11) -> Worker:
     return worker
 
 
-def _wait_idle(address: str, queues: list[str], deadline_s: float) -> None:
-    """Until nothing is ready, leased or due within a minute (or the deadline passes)."""
+def _wait_idle(address: str, queues: list[str], until: datetime, deadline_s: float) -> None:
+    """Until ``until`` has passed and nothing is ready, leased or due within a minute.
+
+    ``until`` is when the last near job falls due: scheduling takes long enough that
+    they may still be more than a minute out when it ends, and a look-ahead alone
+    would stop the worker before any of them ran. The minute covers retries' backoff.
+    """
     end = time.monotonic() + deadline_s
     with Client(address) as client:
         while time.monotonic() < end:
-            busy = False
+            now = datetime.now(UTC)
+            busy = now < until
             for q in queues:
                 st = client.stats(q)
-                soon = st.next_due_time is not None and st.next_due_time < datetime.now(
-                    UTC
-                ) + timedelta(minutes=1)
+                soon = st.next_due_time is not None and st.next_due_time < now + timedelta(
+                    minutes=1
+                )
                 busy = busy or st.ready > 0 or st.leased > 0 or soon
             if not busy:
                 return
@@ -88,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     address, redis_url = os.environ["DELAYQ_ADDR"], os.environ["DELAYQ_REDIS_URL"]
     out = Path(a.out)
     data = out / "data" / "jobs.jsonl"
+    near_end = datetime.now(UTC) + timedelta(seconds=NEAR_S + SPREAD_S)
     generate(data, a.rows)
     spark = ["--master", "local[2]"]
     queues = ["emails", "reports"]
@@ -100,8 +107,8 @@ def main(argv: list[str] | None = None) -> int:
         print("+ delayq-pipeline", " ".join(step), flush=True)
         if cli.main(step) != 0:
             return 1
-        print("+ worker on emails, reports until nothing is due within a minute", flush=True)
-        _wait_idle(address, queues, NEAR_S + SPREAD_S + 120)
+        print("+ worker on emails, reports until the near jobs ran and retries settled", flush=True)
+        _wait_idle(address, queues, near_end, NEAR_S + SPREAD_S + 120)
     finally:
         worker.stop()
     for step in (

@@ -73,6 +73,15 @@ def _client(redis_url: str) -> Any:
     return redis.Redis.from_url(redis_url, decode_responses=True)
 
 
+def ping(redis_url: str) -> None:
+    """Raises redis-py's error when ``redis_url`` cannot be reached or refuses us."""
+    client = _client(redis_url)
+    try:
+        client.ping()
+    finally:
+        client.close()
+
+
 def shards(redis_url: str) -> list[tuple[str, str, int]]:
     """Every (namespace, queue, shard) the servers know of (queues set + per-queue meta)."""
     client = _client(redis_url)

@@ -7,7 +7,6 @@ import contextlib
 import logging
 import os
 import socket
-from urllib.parse import urlsplit
 
 import grpc
 from grpc_health.v1 import _async as health_aio
@@ -100,15 +99,6 @@ def check_bind(listen: str) -> None:
             sock.bind(addr)
         except OSError as exc:
             raise StartupError(f"cannot listen on {listen}: {exc.strerror}") from exc
-
-
-def _safe_url(url: str) -> str:
-    """The URL without a password, for messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    return parts._replace(netloc=f"***@{netloc}").geturl()
 
 
 def _read(flag: str, path: str) -> bytes:
@@ -279,12 +269,14 @@ class App:
         except layout.LayoutV1Data as exc:
             raise StartupError(str(exc)) from exc
         except RedisError as exc:
-            raise StartupError(f"cannot use Redis at {_safe_url(self.redis_url)}: {exc}") from exc
+            where = redis_client.safe_url(self.redis_url)
+            raise StartupError(f"cannot use Redis at {where}: {exc}") from exc
         try:  # wake-ups need sharded pub/sub (Redis 7.0); an ACL user may lack it too
             await self.store.notify_server(self.server_id, "hello")
         except ResponseError as exc:
+            where = redis_client.safe_url(self.redis_url)
             raise StartupError(
-                f"Redis at {_safe_url(self.redis_url)} refused SPUBLISH ({exc}): delayq needs "
+                f"Redis at {where} refused SPUBLISH ({exc}): delayq needs "
                 "Redis 7.0 or later, and an ACL user needs +spublish +ssubscribe"
             ) from exc
         self.listener.start()

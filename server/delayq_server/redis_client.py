@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 import hiredis
 import redis.asyncio as aioredis
@@ -28,6 +29,17 @@ RedisClient = aioredis.Redis | RedisCluster
 
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 POOL_SIZE = 64  # per node
+
+
+def safe_url(url: str) -> str:
+    """The URL without its password, for messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    return parts._replace(netloc=f"***@{netloc}").geturl()
+
+
 RETRIES = 3
 BACKOFF_CAP_S = 1.0
 CONNECT_TIMEOUT_S = 2.0

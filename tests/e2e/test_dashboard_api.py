@@ -136,3 +136,14 @@ def test_queues_carry_this_servers_lateness_p99(plain: tuple[DelayqProcess, redi
     assert isinstance(p99, float) and 0 <= p99 < 60_000
     _, one = call(port, "/api/queues/default/late")
     assert one["lateness_p99_ms"] == p99
+
+
+@pytest.mark.parametrize("path", ["/", "/dashboard"])
+def test_the_page_is_reached_without_its_trailing_slash(
+    plain: tuple[DelayqProcess, redis.Redis], path: str
+) -> None:
+    # A user types the address without the slash; aiohttp's routes match exactly.
+    proc, _ = plain
+    with urllib.request.urlopen(f"http://127.0.0.1:{proc.http_port}{path}", timeout=20) as resp:
+        assert resp.status == 200 and resp.url.endswith("/dashboard/")
+        assert b"<html" in resp.read().lower()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import socket
 
 import pytest
 
@@ -49,3 +50,17 @@ def test_a_token_from_the_environment_is_used(monkeypatch: pytest.MonkeyPatch) -
         ["schedule", "x", "--queue", "q", "--payload-col", "p", "--delay", "1s"]
     )
     assert args.token == "t0k"
+
+
+def test_export_names_an_unreachable_redis_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    # `make run` starts its managed Redis on a free port; a user who guesses 6379
+    # gets the URL back, where to find the right one, and no traceback.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    url = f"redis://:s3cret@127.0.0.1:{port}/0"
+    assert cli.main(["export", "--redis-url", url, "--out", "unused"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert f"redis://***@127.0.0.1:{port}/0" in err and "s3cret" not in err
+    assert "started managed redis-server at" in err

@@ -27,5 +27,7 @@ def add_routes(app: web.Application, api: DashboardApi) -> None:
         raise web.HTTPFound("/dashboard/")
 
     app.router.add_get("/", root)
+    # Routes match exactly; the address typed without its slash reaches the page too.
+    app.router.add_get("/dashboard", root)
     app.router.add_get("/dashboard/", index)
     app.router.add_static("/dashboard/static/", str(static), show_index=False)
