@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import PurePath
+from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
+
+from delayq_pipeline.session import NANOS_AS_LONG
 
 __all__ = ["ITEM_COLUMNS", "ColumnMapping", "prepare", "read_dataset", "row_json"]
 
@@ -41,7 +45,119 @@ def read_dataset(spark: SparkSession, paths: Sequence[str], fmt: str | None = No
         # Columns stay strings: the mapping parses due times itself, so an
         # unparsable value becomes a reject with its text instead of a null.
         reader = reader.option("header", "true").option("inferSchema", "false")
-    return reader.load(list(paths))
+    try:
+        df = reader.load(list(paths))
+    except Exception as exc:  # Py4JJavaError: schema inference runs a Spark job
+        illegal = _ILLEGAL_PARQUET_TYPE.search(str(exc))
+        if illegal is None:
+            raise
+        raise ValueError(_unreadable(spark, paths, illegal.group(1))) from None
+    return _nanos_as_timestamps(spark, df) if kind == "parquet" else df
+
+
+_ILLEGAL_PARQUET_TYPE = re.compile(r"Illegal Parquet type: ([^\n]+?)\.?(?:\n|$)")
+
+
+def _unreadable(spark: SparkSession, paths: Sequence[str], parquet_type: str) -> str:
+    where = ", ".join(paths)
+    text = f"cannot read {where}: Spark has no type for Parquet's {parquet_type}"
+    if "TIMESTAMP(NANOS" in parquet_type:
+        setting = spark.conf.get(NANOS_AS_LONG, "false")
+        return (
+            f"{text} (nanosecond timestamps, pandas' datetime64[ns]); reading them needs "
+            f"{NANOS_AS_LONG}=true, which delayq-pipeline sets (here it is {setting})"
+        )
+    return f"{text}; write that column as a string or a timestamp, or leave it out"
+
+
+def _nanos_as_timestamps(spark: SparkSession, df: DataFrame) -> DataFrame:
+    """Top-level TIMESTAMP(NANOS) columns, read as longs (NANOS_AS_LONG), as timestamps again.
+
+    Which columns those are comes from every input file's footer, never from the
+    values. Sub-microsecond digits are dropped (floored), Spark's own precision; a
+    column without time zone (isAdjustedToUTC=false) becomes timestamp_ntz, as
+    Spark reads a microsecond one. Files that disagree on such a column's type are
+    refused: Spark reads every file with one file's schema and would take one
+    unit's integers for the other's.
+    """
+    candidates = [
+        f.name
+        for f in df.schema.fields
+        if isinstance(f.dataType, T.LongType | T.TimestampType | T.TimestampNTZType)
+    ]
+    if not candidates:
+        return df
+    jvm: Any = spark._jvm
+    conf: Any = spark._jsc.hadoopConfiguration()
+    seen: dict[str, dict[str, str]] = {}  # column -> its type in the footer -> first file
+    for uri in df.inputFiles():
+        for name, kind in _footer_types(jvm, conf, uri, candidates).items():
+            seen.setdefault(name, {}).setdefault(kind, uri)
+    ntz_default = spark.conf.get("spark.sql.parquet.inferTimestampNTZ.enabled", "true") == "true"
+    converted: dict[str, Column] = {}
+    for name, kinds in seen.items():
+        nanos = [k for k in kinds if k in _NANOS_KINDS]
+        if not nanos:
+            continue
+        if len(kinds) > 1:
+            ns_file = kinds[nanos[0]]
+            other, other_file = next((k, f) for k, f in kinds.items() if k != nanos[0])
+            raise ValueError(
+                f"column {name} is {_NANOS_KINDS[nanos[0]]} in {ns_file} but "
+                f"{_NANOS_KINDS.get(other, other)} in {other_file}; write every file with "
+                "the same type (pandas: to_parquet(..., coerce_timestamps='us', "
+                "allow_truncated_timestamps=True) writes microseconds)"
+            )
+        if isinstance(df.schema[name].dataType, T.LongType):
+            converted[name] = _from_nanos(name, utc=nanos[0] == "ns-utc" or not ntz_default)
+    return df.withColumns(converted) if converted else df
+
+
+_NANOS_KINDS = {
+    "ns-utc": "a nanosecond timestamp",
+    "ns-local": "a nanosecond timestamp without time zone",
+}
+
+
+def _footer_types(jvm: Any, conf: Any, uri: str, names: Sequence[str]) -> dict[str, str]:
+    """The footer's type of each named top-level column: a _NANOS_KINDS key, or its text.
+
+    Read through Spark's Hadoop file systems (the driver sees what Spark sees:
+    HDFS, S3 with its credentials, local files).
+    """
+    path = jvm.org.apache.hadoop.fs.Path(uri)
+    source = jvm.org.apache.parquet.hadoop.util.HadoopInputFile.fromPath(path, conf)
+    reader = jvm.org.apache.parquet.hadoop.ParquetFileReader.open(source)
+    try:
+        schema = reader.getFileMetaData().getSchema()
+    finally:
+        reader.close()
+    types: dict[str, str] = {}
+    for name in names:
+        if not schema.containsField(name):
+            continue  # a partition column, or one this file lacks (Spark reads nulls)
+        field = schema.getType(name)
+        logical = field.getLogicalTypeAnnotation()
+        if (
+            field.isPrimitive()
+            and logical is not None
+            and logical.getClass().getSimpleName() == "TimestampLogicalTypeAnnotation"
+            and logical.getUnit().name() == "NANOS"
+        ):
+            types[name] = "ns-utc" if logical.isAdjustedToUTC() else "ns-local"
+        else:
+            types[name] = f"`{field.toString()}`"
+    return types
+
+
+def _from_nanos(name: str, *, utc: bool) -> Column:
+    """A long of epoch nanoseconds as a timestamp, floored to microseconds (exact: no doubles)."""
+    c = "`" + name.replace("`", "``") + "`"
+    ts = f"timestamp_micros(({c} - pmod({c}, 1000)) div 1000)"
+    if utc:
+        return F.expr(ts)
+    # The same wall clock without a zone, whatever the session's time zone.
+    return F.expr(f"TIMESTAMP_NTZ'1970-01-01 00:00:00' + ({ts} - timestamp_micros(0))")
 
 
 @dataclass(frozen=True)
@@ -104,7 +220,10 @@ def _payload(df: DataFrame, m: ColumnMapping) -> Column:
 
 
 def _due_ms(df: DataFrame, m: ColumnMapping) -> Column:
-    """Epoch ms of the due column: timestamps, dates, strings (parsed), numbers (epoch s)."""
+    """Epoch ms of the due column: timestamps, dates, strings (parsed), numbers (epoch s).
+
+    Sub-millisecond parts are floored (unix_millis; numbers truncated toward zero).
+    """
     assert m.due_col is not None
     kind = df.schema[m.due_col].dataType
     col = F.col(m.due_col)

@@ -9,7 +9,12 @@ from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
 
-__all__ = ["SparkSettings", "free_port", "spark_session"]
+__all__ = ["NANOS_AS_LONG", "SparkSettings", "free_port", "spark_session"]
+
+# Parquet's INT64 TIMESTAMP(NANOS), what pandas writes for datetime64[ns]: Spark 3.5 has
+# no type for it and refuses the file unless this reads it as longs of nanoseconds
+# (prepare.read_dataset turns those back into timestamps by the files' footers).
+NANOS_AS_LONG = "spark.sql.legacy.parquet.nanosAsLong"
 
 
 def free_port() -> int:
@@ -61,6 +66,7 @@ def spark_session(settings: SparkSettings | None = None) -> SparkSession:
         .config("spark.sql.shuffle.partitions", str(s.shuffle_partitions))
         # Python workers are reused across tasks so the gRPC import happens once.
         .config("spark.python.worker.reuse", "true")
+        .config(NANOS_AS_LONG, "true")
     )
     for key, value in s.extra.items():
         builder = builder.config(key, value)
