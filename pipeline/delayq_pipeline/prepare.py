@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any
@@ -87,12 +88,15 @@ def _nanos_as_timestamps(spark: SparkSession, df: DataFrame) -> DataFrame:
     ]
     if not candidates:
         return df
-    jvm: Any = spark._jvm
-    conf: Any = spark._jsc.hadoopConfiguration()
+    footers = _FooterReader(spark, candidates)
     seen: dict[str, dict[str, str]] = {}  # column -> its type in the footer -> first file
-    for uri in df.inputFiles():
-        for name, kind in _footer_types(jvm, conf, uri, candidates).items():
-            seen.setdefault(name, {}).setdefault(kind, uri)
+    uris = df.inputFiles()
+    # Each file costs a few JVM round trips (ms each): read several at once. py4j
+    # gives each Python thread its own connection, so the calls overlap.
+    with ThreadPoolExecutor(max_workers=min(8, len(uris) or 1)) as pool:
+        for uri, types in zip(uris, pool.map(footers.types, uris), strict=True):
+            for name, kind in types.items():
+                seen.setdefault(name, {}).setdefault(kind, uri)
     ntz_default = spark.conf.get("spark.sql.parquet.inferTimestampNTZ.enabled", "true") == "true"
     converted: dict[str, Column] = {}
     for name, kinds in seen.items():
@@ -119,35 +123,44 @@ _NANOS_KINDS = {
 }
 
 
-def _footer_types(jvm: Any, conf: Any, uri: str, names: Sequence[str]) -> dict[str, str]:
+_NANOS_ANNOTATION = re.compile(r"\(TIMESTAMP\(NANOS,(true|false)\)\)$")
+
+
+class _FooterReader:
     """The footer's type of each named top-level column: a _NANOS_KINDS key, or its text.
 
     Read through Spark's Hadoop file systems (the driver sees what Spark sees:
-    HDFS, S3 with its credentials, local files).
+    HDFS, S3 with its credentials, local files). The classes are looked up once:
+    each `jvm.a.b.C` is a round trip of its own.
     """
-    path = jvm.org.apache.hadoop.fs.Path(uri)
-    source = jvm.org.apache.parquet.hadoop.util.HadoopInputFile.fromPath(path, conf)
-    reader = jvm.org.apache.parquet.hadoop.ParquetFileReader.open(source)
-    try:
-        schema = reader.getFileMetaData().getSchema()
-    finally:
-        reader.close()
-    types: dict[str, str] = {}
-    for name in names:
-        if not schema.containsField(name):
-            continue  # a partition column, or one this file lacks (Spark reads nulls)
-        field = schema.getType(name)
-        logical = field.getLogicalTypeAnnotation()
-        if (
-            field.isPrimitive()
-            and logical is not None
-            and logical.getClass().getSimpleName() == "TimestampLogicalTypeAnnotation"
-            and logical.getUnit().name() == "NANOS"
-        ):
-            types[name] = "ns-utc" if logical.isAdjustedToUTC() else "ns-local"
-        else:
-            types[name] = f"`{field.toString()}`"
-    return types
+
+    def __init__(self, spark: SparkSession, names: Sequence[str]) -> None:
+        jvm: Any = spark._jvm
+        self.conf: Any = spark._jsc.hadoopConfiguration()
+        self.path: Any = jvm.org.apache.hadoop.fs.Path
+        self.input_file: Any = jvm.org.apache.parquet.hadoop.util.HadoopInputFile
+        self.reader: Any = jvm.org.apache.parquet.hadoop.ParquetFileReader
+        self.names = list(names)
+
+    def types(self, uri: str) -> dict[str, str]:
+        reader = self.reader.open(self.input_file.fromPath(self.path(uri), self.conf))
+        try:
+            schema = reader.getFileMetaData().getSchema()
+        finally:
+            reader.close()
+        types: dict[str, str] = {}
+        for name in self.names:
+            if not schema.containsField(name):
+                continue  # a partition column, or one this file lacks (Spark reads nulls)
+            # One call: "optional int64 due (TIMESTAMP(NANOS,true))" for a primitive
+            # (a group's text ends with its fields' closing brace instead).
+            text = str(schema.getType(name).toString()).strip()
+            nanos = _NANOS_ANNOTATION.search(text)
+            if nanos is not None and not text.endswith("}"):
+                types[name] = "ns-utc" if nanos.group(1) == "true" else "ns-local"
+            else:
+                types[name] = f"`{text}`"
+        return types
 
 
 def _from_nanos(name: str, *, utc: bool) -> Column:
