@@ -144,6 +144,12 @@ def _schedule(args: argparse.Namespace) -> int:
     assert isinstance(settings, SparkSettings)
     spark = spark_session(settings)
     try:
+        # After Spark started its JVM: pyspark forks to start it, which a process with
+        # gRPC calls in flight cannot do safely.
+        problem = client.unreachable()
+        if problem is not None:
+            print(f"delayq-pipeline schedule: {problem}", file=sys.stderr)
+            return 1
         summary, _ = schedule(
             spark,
             args.inputs,

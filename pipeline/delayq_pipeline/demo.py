@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import random
+import subprocess
 import sys
 import threading
 import time
@@ -85,20 +86,40 @@ def _wait_idle(address: str, queues: list[str], until: datetime, deadline_s: flo
             time.sleep(0.5)
 
 
+QUEUES = ["emails", "reports"]
+
+
+def work(address: str, until: datetime) -> int:
+    """The demo's worker process: works the queues until the near jobs ran and settled."""
+    worker = start_worker(address, QUEUES)
+    try:
+        _wait_idle(address, QUEUES, until, NEAR_S + SPREAD_S + 180)
+    finally:
+        worker.stop()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=".run/pipeline-demo")
     p.add_argument("--rows", type=int, default=5000)
     p.add_argument("--chart", help="also copy the throughput chart here (README)")
+    p.add_argument("--work-until", help=argparse.SUPPRESS)  # the worker process (below)
     a = p.parse_args(argv)
     address, redis_url = os.environ["DELAYQ_ADDR"], os.environ["DELAYQ_REDIS_URL"]
+    if a.work_until:
+        return work(address, datetime.fromisoformat(a.work_until))
     out = Path(a.out)
     data = out / "data" / "jobs.jsonl"
     near_end = datetime.now(UTC) + timedelta(seconds=NEAR_S + SPREAD_S)
     generate(data, a.rows)
     spark = ["--master", "local[2]"]
-    queues = ["emails", "reports"]
-    worker = start_worker(address, queues)
+    # The worker runs in a process of its own: pyspark starts its JVM with a
+    # preexec_fn, so fork() without exec, which a process with gRPC calls in flight
+    # on other threads cannot do safely (JAVA_GATEWAY_EXITED, now and then).
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "delayq_pipeline.demo", "--work-until", near_end.isoformat()]
+    )
     try:
         step = ["schedule", str(data), "--queue-col", "queue", "--payload-cols", "to,n",
                 "--due-col", "due", "--key-col", "id", "--max-attempts", "3",
@@ -108,9 +129,12 @@ def main(argv: list[str] | None = None) -> int:
         if cli.main(step) != 0:
             return 1
         print("+ worker on emails, reports until the near jobs ran and retries settled", flush=True)
-        _wait_idle(address, queues, near_end, NEAR_S + SPREAD_S + 120)
+        if worker.wait() != 0:
+            return 1
     finally:
-        worker.stop()
+        if worker.poll() is None:
+            worker.terminate()
+            worker.wait()
     for step in (
         ["export", "--redis-url", redis_url, "--out", str(out / "events"), *spark],
         ["report", "--events", str(out / "events"), "--out", str(out / "report"),

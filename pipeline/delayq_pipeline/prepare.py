@@ -46,6 +46,11 @@ def read_dataset(spark: SparkSession, paths: Sequence[str], fmt: str | None = No
         # Columns stay strings: the mapping parses due times itself, so an
         # unparsable value becomes a reject with its text instead of a null.
         reader = reader.option("header", "true").option("inferSchema", "false")
+        # RFC 4180, as pandas, Excel and Python's csv write it: quotes inside a quoted
+        # field are doubled (Spark's default escape is a backslash, which kept them
+        # doubled in the payload), and a quoted field may hold line breaks. With
+        # multiLine one task reads each file whole: split big CSVs, or use Parquet.
+        reader = reader.option("escape", '"').option("multiLine", "true")
     try:
         df = reader.load(list(paths))
     except Exception as exc:  # Py4JJavaError: schema inference runs a Spark job

@@ -61,6 +61,23 @@ class ClientSettings:
             return grpc.secure_channel(target, creds, options=options)
         return grpc.insecure_channel(target, options=options)
 
+    def unreachable(self, timeout: float = 10.0) -> str | None:
+        """What stops the driver reaching each target within `timeout` (TLS included),
+        or None: a wrong address fails in seconds instead of after the retry deadline."""
+        targets = [t.strip() for t in self.target.split(",") if t.strip()]
+        for i, target in enumerate(targets):
+            channel = self.channel(i)
+            try:
+                grpc.channel_ready_future(channel).result(timeout=timeout)
+            except grpc.FutureTimeoutError:
+                return (
+                    f"cannot reach the server at {target} within {timeout:g} s "
+                    "(give --target or DELAYQ_ADDR: the address the server printed on start)"
+                )
+            finally:
+                channel.close()
+        return None
+
     def metadata(self) -> tuple[tuple[str, str], ...]:
         return (("authorization", f"Bearer {self.token}"),) if self.token else ()
 

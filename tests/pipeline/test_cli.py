@@ -1,9 +1,12 @@
-"""`delayq-pipeline` argument handling (no Spark started)."""
+"""`delayq-pipeline` argument handling and refusals (Spark only where a test says so)."""
 
 from __future__ import annotations
 
 import argparse
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -64,3 +67,22 @@ def test_export_names_an_unreachable_redis_in_one_line(capsys: pytest.CaptureFix
     assert err.count("\n") == 1 and "Traceback" not in err
     assert f"redis://***@127.0.0.1:{port}/0" in err and "s3cret" not in err
     assert "started managed redis-server at" in err
+
+
+def test_schedule_names_an_unreachable_server_in_one_line(tmp_path: Path) -> None:
+    # It used to retry for its 120 s deadline in silence, then print a traceback.
+    data = tmp_path / "jobs.jsonl"
+    data.write_text('{"k": "a", "body": "x"}\n')
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "delayq-pipeline"), "schedule", str(data),
+         "--queue", "q", "--payload-col", "body", "--delay", "1m", "--key-col", "k",
+         "--target", f"127.0.0.1:{port}", "--master", "local[1]"],
+        capture_output=True, text=True, timeout=110, check=False,
+    )  # fmt: skip
+    assert out.returncode == 1, out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"delayq-pipeline schedule: cannot reach the server at 127.0.0.1:{port}")
+    assert "Traceback" not in out.stderr

@@ -11,6 +11,8 @@ from pathlib import Path
 import redis
 from pyspark.sql import SparkSession
 
+from delayq import JobState
+from delayq.admin import AdminClient
 from delayq_pipeline.prepare import ColumnMapping
 from delayq_pipeline.schedule import schedule
 from delayq_pipeline.sender import ClientSettings, Item
@@ -140,3 +142,28 @@ def test_a_killed_and_retried_task_stores_nothing_twice(
     assert summary.duplicates >= 200
     assert summary.enqueued + summary.duplicates == 400
     assert summary.rows_read == 400
+
+
+def test_a_csv_with_standard_quoting_keeps_its_payloads_exact(
+    spark: SparkSession, client: ClientSettings, queue: str, tmp_path: Path
+) -> None:
+    # What pandas, Excel and Python's csv module write (RFC 4180): a field with a quote,
+    # a comma or a line break is quoted, and its quotes are doubled. Spark's CSV reader
+    # escapes with a backslash by default and stored `"{""i"": 1}"` for `{"i": 1}`.
+    bodies = ['{"i": 1, "to": "a@example.com"}', 'say "hi", then\nleave', "plain"]
+    path = tmp_path / "jobs.csv"
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["key", "queue", "body"])
+        for i, body in enumerate(bodies):
+            w.writerow([f"k{i}", queue, body])
+    mapping = ColumnMapping(
+        queue_col="queue", payload_col="body", key_col="key", delay_ms=3_600_000
+    )
+
+    summary, _ = schedule(spark, [str(path)], mapping, client)
+
+    assert (summary.rows_read, summary.enqueued) == (3, 3)
+    with AdminClient(client.target) as admin:
+        stored = sorted(j.data.decode() for j in admin.iter_jobs(queue, JobState.SCHEDULED))
+    assert stored == sorted(bodies)
