@@ -79,6 +79,19 @@ def test_peeking_twice_uses_no_attempt(cli: Path, target: str) -> None:
         assert (s.ready, s.leased, s.dead) == (1, 0, 0)
 
 
+def test_tail_with_a_count_takes_no_more_than_it_prints(cli: Path, target: str) -> None:
+    # Its last ack used to free credit on the open stream: the server sent more
+    # deliveries that were never read, and they came back later as attempt 2.
+    assert run(cli, target, "enqueue", "more", *[f"j{i}" for i in range(10)]).returncode == 0
+    for _ in range(3):
+        tail = run(cli, target, "tail", "more", "--count", "2")
+        assert tail.returncode == 0, tail.stderr
+        assert [json.loads(x)["attempt"] for x in tail.stdout.splitlines()] == [1, 1]
+    with Client(target) as client:
+        s = client.stats("more")
+        assert (s.acked_total, s.leased, s.ready) == (6, 0, 4)
+
+
 def test_get_delete_and_errors_are_one_line_with_the_status_as_exit_code(
     cli: Path, target: str
 ) -> None:

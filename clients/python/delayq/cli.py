@@ -462,6 +462,11 @@ async def _tail(args: argparse.Namespace, out: TextIO) -> int:
     # grace keeps their tokens valid until then (it is at most the lease).
     grace = min(TAIL_RELEASE_GRACE, args.lease)
     give_back: list[str] = []
+    # With a count the stream's credit covers it, so the server sends no more than
+    # that while nothing is acked: acks wait for the close. An ack on the open stream
+    # would free credit for deliveries nobody reads (back later, an attempt used).
+    ack_after_close = limit is not None and max_outstanding >= limit
+    to_ack: list[str] = []
     async with AsyncClient(
         args.target,
         namespace=args.namespace,
@@ -502,6 +507,8 @@ async def _tail(args: argparse.Namespace, out: TextIO) -> int:
                 out.flush()
                 if not args.ack:
                     give_back += tokens
+                elif ack_after_close:
+                    to_ack += tokens
                 elif tokens:
                     for i in range(0, len(tokens), 1000):
                         await client.ack(tokens[i : i + 1000])
@@ -509,7 +516,10 @@ async def _tail(args: argparse.Namespace, out: TextIO) -> int:
             raise from_rpc_error(exc) from None
         finally:
             call.cancel()
-            # Released after the close: an open stream would get them straight back.
+            # After the close (the grace keeps the tokens valid): an open stream would
+            # get released jobs straight back, and acks would free its credit.
+            for i in range(0, len(to_ack), 1000):
+                await client.ack(to_ack[i : i + 1000])
             for i in range(0, len(give_back), 1000):
                 await client.release(give_back[i : i + 1000])
     return 0
